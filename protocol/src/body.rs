@@ -1,0 +1,315 @@
+//! Typed frame bodies. Each is a MessagePack map with the field names shown
+//! (encoded with `rmp_serde::to_vec_named`). Unknown fields are ignored, so a
+//! minor version may add fields; `Option` fields may be absent or nil.
+
+use serde::{de, Deserialize, Deserializer, Serialize};
+
+use crate::error::{ErrorCode, Origin};
+use crate::value::Value;
+
+/// Role announced in `HELLO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Client,
+    Worker,
+}
+
+/// `HELLO` (stream 0), the first frame a connecting peer sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub version_major: u16,
+    pub version_minor: u16,
+    pub role: Role,
+    /// Client credential (role `client`).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Per-boot worker secret (role `worker`).
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// Slot the worker was spawned for (role `worker`).
+    #[serde(default)]
+    pub slot: Option<u32>,
+    /// Process id of the peer.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Free-form name for logs and the admin view.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// Database endpoint a worker must connect to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backend {
+    /// Name of the backend in the dispatcher's config (e.g. `primary`).
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    #[serde(default)]
+    pub database: Option<String>,
+}
+
+/// Settings the dispatcher hands to a worker in its `HELLO_ACK`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerSettings {
+    pub backend: Backend,
+    /// Ask to retire after this many requests (0 = never).
+    pub max_requests: u64,
+    /// Ask to retire after this age in milliseconds (0 = never).
+    pub max_age_ms: u64,
+    /// Flush a `ROWS` frame when it holds this many rows ...
+    pub batch_rows: u32,
+    /// ... or this many bytes of values, whichever comes first.
+    pub batch_bytes: u32,
+    /// Timeout for connecting to the database, milliseconds.
+    pub connect_timeout_ms: u64,
+}
+
+/// `HELLO_ACK` (stream 0): the dispatcher accepts the connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloAck {
+    pub version_major: u16,
+    pub version_minor: u16,
+    /// Server software name and version.
+    pub server: String,
+    /// Connection id, for logs and the admin view.
+    pub connection_id: u64,
+    /// Largest payload the dispatcher accepts.
+    pub max_payload: u32,
+    /// Largest number of concurrently open streams (clients).
+    pub max_streams: u32,
+    /// The peer should send something at least this often (milliseconds).
+    pub keepalive_interval_ms: u64,
+    /// Worker settings (role `worker` only).
+    #[serde(default)]
+    pub worker: Option<WorkerSettings>,
+}
+
+/// `PING` / `PONG` (stream 0). A `PONG` echoes the nonce of the `PING` it answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ping {
+    pub nonce: u64,
+}
+
+/// `GOAWAY` (stream 0): no new streams on this connection; open ones finish.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoAway {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// `QUIT_REQUEST` (stream 0): a worker asks to retire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuitRequest {
+    /// `max_requests`, `max_age` or `shutdown`.
+    pub reason: String,
+    pub requests_served: u64,
+    pub age_ms: u64,
+}
+
+/// `QUIT_NOW` (stream 0): the dispatcher lets the worker exit. Empty map.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuitNow {}
+
+/// `READY` (stream 0, worker to dispatcher): the worker's database session is open.
+/// Only a ready worker is given requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    /// The database session's connection id (`CONNECTION_ID()`), used for `KILL QUERY`.
+    pub db_connection_id: u32,
+    /// The database server's version string.
+    pub server_version: String,
+}
+
+/// `CANCEL` (on the stream to abort).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cancel {
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// One statement of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Statement {
+    #[serde(deserialize_with = "utf8_text")]
+    pub sql: String,
+    #[serde(default)]
+    pub params: Vec<Value>,
+}
+
+/// `REQUEST`: opens a stream. Either `sql` (one statement, with `params` bound
+/// positionally to `?` placeholders) or a non-empty `batch` (run in one
+/// transaction, all or nothing), not both.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    #[serde(default, deserialize_with = "utf8_text")]
+    pub sql: String,
+    #[serde(default)]
+    pub params: Vec<Value>,
+    #[serde(default)]
+    pub batch: Vec<Statement>,
+    /// The caller says this is a read; it may go to a replica outside a transaction.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Safe to run twice: the SDK may resend it after an unknown outcome.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// Route to the primary whatever the read/write split says.
+    #[serde(default)]
+    pub force_primary: bool,
+    /// Per-request timeout in milliseconds (0 = the dispatcher's `request_timeout`).
+    #[serde(default)]
+    pub timeout_ms: u64,
+}
+
+impl Request {
+    /// A single statement without parameters.
+    pub fn sql(sql: impl Into<String>) -> Request {
+        Request { sql: sql.into(), ..Default::default() }
+    }
+
+    /// Checks the shape rules; the message says what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        match (self.sql.is_empty(), self.batch.is_empty()) {
+            (true, true) => Err("request has neither sql nor batch".into()),
+            (false, false) => Err("request has both sql and batch".into()),
+            (true, false) if self.batch.iter().any(|s| s.sql.trim().is_empty()) => {
+                Err("a batch statement has empty sql".into())
+            }
+            (false, true) if self.sql.trim().is_empty() => Err("sql is blank".into()),
+            _ if !self.batch.is_empty() && !self.params.is_empty() => Err("params go inside batch statements".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Metadata of one column.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Column {
+    pub name: String,
+    #[serde(default)]
+    pub table: String,
+    /// MySQL column type code (`MYSQL_TYPE_*`, e.g. 3 = LONG, 246 = NEWDECIMAL, 252 = BLOB).
+    pub column_type: u8,
+    /// MySQL column flags (e.g. 32 = UNSIGNED, 128 = BINARY, 1 = NOT NULL).
+    pub flags: u16,
+    /// Character set id (63 = binary).
+    pub charset: u16,
+    /// Declared display length.
+    pub length: u32,
+    pub decimals: u8,
+}
+
+/// `COLUMNS`: starts a result set. A stream may carry several result sets
+/// (a batch), each a `COLUMNS` followed by zero or more `ROWS`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Columns {
+    /// 0-based index of the result set within the stream.
+    pub result_set: u32,
+    pub columns: Vec<Column>,
+}
+
+/// `ROWS`: a batch of rows of the current result set, each as many values as columns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rows {
+    pub rows: Vec<Vec<Value>>,
+}
+
+/// `END`: terminal frame. After a success it carries the summary; after an `ERROR`
+/// it carries zeros and closes the stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct End {
+    /// Sum of affected rows over the statements.
+    pub affected_rows: u64,
+    /// Last insert id of the last statement that produced one.
+    #[serde(default)]
+    pub last_insert_id: Option<u64>,
+    pub warnings: u32,
+    /// Rows sent in `ROWS` frames.
+    pub rows: u64,
+    /// Time the statement(s) took on the worker, microseconds.
+    pub server_time_us: u64,
+    /// Time the request waited for a worker in the dispatcher, microseconds.
+    pub queue_time_us: u64,
+}
+
+/// `ERROR`: on a stream, always followed by `END`; on stream 0, the connection closes after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub origin: Origin,
+    pub code: ErrorCode,
+    /// MySQL error number, when the database produced the error.
+    #[serde(default)]
+    pub errno: Option<u16>,
+    /// SQLSTATE, when the database produced the error.
+    #[serde(default)]
+    pub sqlstate: Option<String>,
+    pub message: String,
+    /// Whether the request may have reached a database. `false` means it provably did not.
+    pub dispatched: bool,
+    /// Whether sending the same request again may succeed.
+    pub retryable: bool,
+}
+
+impl ErrorBody {
+    /// An error that did not reach any database.
+    pub fn undispatched(origin: Origin, code: ErrorCode, message: impl Into<String>) -> ErrorBody {
+        ErrorBody {
+            origin,
+            code,
+            errno: None,
+            sqlstate: None,
+            message: message.into(),
+            dispatched: false,
+            retryable: matches!(
+                code,
+                ErrorCode::QueueFull
+                    | ErrorCode::QueueTimeout
+                    | ErrorCode::ShuttingDown
+                    | ErrorCode::BackendUnavailable
+                    | ErrorCode::WorkerLost
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} error {}", format!("{:?}", self.origin).to_lowercase(), self.code)?;
+        if let Some(errno) = self.errno {
+            write!(f, " ({errno}")?;
+            if let Some(state) = &self.sqlstate {
+                write!(f, "/{state}")?;
+            }
+            write!(f, ")")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Marker at the start of the serde error produced for SQL text that is not UTF-8,
+/// so that [`crate::Frame::body`] can report [`crate::ProtocolError::BadUtf8`].
+pub(crate) const BAD_UTF8_MARKER: &str = "osprey:bad-utf8";
+
+/// Accepts str (and, from lenient encoders, bin) but insists on valid UTF-8.
+fn utf8_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    struct V;
+    impl<'de> de::Visitor<'de> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("UTF-8 SQL text")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_owned())
+        }
+        fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+            Ok(v)
+        }
+        fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<String, E> {
+            String::from_utf8(v.to_vec()).map_err(|_| E::custom(BAD_UTF8_MARKER))
+        }
+    }
+    d.deserialize_string(V)
+}

@@ -1,0 +1,166 @@
+//! The frame: header layout and frame kinds.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::error::ProtocolError;
+
+/// Header size in bytes: `len:u32 | kind:u8 | flags:u8 | reserved:u16 | stream:u32`, big endian.
+pub const HEADER_LEN: usize = 12;
+/// Default upper bound on a payload (16 MiB). Larger frames are a protocol error.
+pub const DEFAULT_MAX_PAYLOAD: usize = 16 * 1024 * 1024;
+
+/// Flag bit on `ROWS`/`COLUMNS`: none defined in 1.0; receivers ignore unknown bits.
+pub const FLAG_NONE: u8 = 0;
+
+macro_rules! kinds {
+    ($( $(#[$m:meta])* $name:ident = $code:expr, )*) => {
+        /// Frame kind (header byte 4).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum Kind { $( $(#[$m])* $name = $code, )* }
+
+        impl Kind {
+            /// Every kind, in code order.
+            pub const ALL: &'static [Kind] = &[$(Kind::$name,)*];
+
+            /// Parses a header byte; `None` for an unknown kind.
+            pub fn from_u8(b: u8) -> Option<Kind> {
+                match b { $( $code => Some(Kind::$name), )* _ => None }
+            }
+
+            /// Upper-case wire name, as used in the spec and logs.
+            pub fn name(self) -> &'static str {
+                match self { $( Kind::$name => stringify!($name), )* }
+            }
+        }
+    };
+}
+
+kinds! {
+    /// Opens a connection: version, role, credentials.
+    Hello = 0x01,
+    /// Accepts a `HELLO`.
+    HelloAck = 0x02,
+    /// Liveness probe; answered with `PONG` carrying the same nonce.
+    Ping = 0x03,
+    /// Answer to `PING`.
+    Pong = 0x04,
+    /// Sender accepts no new streams on this connection.
+    GoAway = 0x05,
+    /// A worker asks to retire.
+    QuitRequest = 0x06,
+    /// The dispatcher lets a worker retire.
+    QuitNow = 0x07,
+    /// A worker has connected to its database and can take requests.
+    Ready = 0x09,
+    /// Abort one stream (stream id in the header, stream-level frame).
+    Cancel = 0x08,
+    /// Opens a stream with a SQL request.
+    Request = 0x10,
+    /// Result-set metadata.
+    Columns = 0x11,
+    /// A batch of rows.
+    Rows = 0x12,
+    /// Terminal frame of a stream: success summary, or the closing frame after `ERROR`.
+    End = 0x13,
+    /// An error; on a stream it is always followed by `END`.
+    Error = 0x14,
+}
+
+impl Kind {
+    /// Whether frames of this kind belong on stream 0.
+    pub fn is_control(self) -> bool {
+        matches!(
+            self,
+            Kind::Hello
+                | Kind::HelloAck
+                | Kind::Ping
+                | Kind::Pong
+                | Kind::GoAway
+                | Kind::QuitRequest
+                | Kind::QuitNow
+                | Kind::Ready
+        )
+    }
+}
+
+/// One frame. The payload stays undecoded bytes so that a relay can forward it
+/// without parsing (only the header's stream id is rewritten).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: Kind,
+    pub flags: u8,
+    pub stream: u32,
+    pub payload: Bytes,
+}
+
+impl Frame {
+    /// A frame whose payload is the MessagePack (named-field map) encoding of `body`.
+    pub fn new<T: Serialize>(kind: Kind, stream: u32, body: &T) -> Frame {
+        let payload = rmp_serde::to_vec_named(body).expect("body types always serialise");
+        Frame { kind, flags: FLAG_NONE, stream, payload: Bytes::from(payload) }
+    }
+
+    /// A frame with an empty payload.
+    pub fn empty(kind: Kind, stream: u32) -> Frame {
+        Frame { kind, flags: FLAG_NONE, stream, payload: Bytes::new() }
+    }
+
+    /// Decodes the payload as `T`.
+    pub fn body<T: DeserializeOwned>(&self) -> Result<T, ProtocolError> {
+        rmp_serde::from_slice(&self.payload).map_err(|e| {
+            let reason = e.to_string();
+            if reason.contains(crate::body::BAD_UTF8_MARKER) {
+                ProtocolError::BadUtf8
+            } else {
+                ProtocolError::BadBody { kind: self.kind.name(), reason }
+            }
+        })
+    }
+
+    /// The same frame on another stream (used by the dispatcher's relay).
+    pub fn with_stream(mut self, stream: u32) -> Frame {
+        self.stream = stream;
+        self
+    }
+
+    /// Writes header and payload to `dst`.
+    pub fn encode_to(&self, dst: &mut BytesMut) {
+        dst.reserve(HEADER_LEN + self.payload.len());
+        put_header(dst, self.payload.len() as u32, self.kind, self.flags, self.stream);
+        dst.extend_from_slice(&self.payload);
+    }
+
+    /// Header and payload as one buffer.
+    pub fn to_bytes(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(HEADER_LEN + self.payload.len());
+        self.encode_to(&mut b);
+        b.freeze()
+    }
+}
+
+pub(crate) fn put_header(dst: &mut BytesMut, len: u32, kind: Kind, flags: u8, stream: u32) {
+    dst.put_u32(len);
+    dst.put_u8(kind as u8);
+    dst.put_u8(flags);
+    dst.put_u16(0);
+    dst.put_u32(stream);
+}
+
+/// Parsed header fields, before the kind is validated.
+pub(crate) struct RawHeader {
+    pub len: usize,
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
+}
+
+pub(crate) fn peek_header(mut src: &[u8]) -> RawHeader {
+    let len = src.get_u32() as usize;
+    let kind = src.get_u8();
+    let flags = src.get_u8();
+    let _reserved = src.get_u16();
+    let stream = src.get_u32();
+    RawHeader { len, kind, flags, stream }
+}

@@ -1,0 +1,24 @@
+//! The Osprey wire protocol.
+//!
+//! A connection carries [`Frame`]s: a fixed 12-byte header (payload length, kind,
+//! flags, stream id) followed by a payload. Payloads are MessagePack documents
+//! described by the types in [`body`]. `docs/PROTOCOL.md` is the normative spec;
+//! this crate is its reference implementation.
+
+pub mod body;
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod value;
+
+pub use body::*;
+pub use codec::FrameCodec;
+pub use error::{ErrorCode, Origin, ProtocolError};
+pub use frame::{Frame, Kind, HEADER_LEN, DEFAULT_MAX_PAYLOAD};
+pub use value::Value;
+
+/// Major protocol version. A peer announcing another major version is refused
+/// with [`ErrorCode::UnsupportedVersion`].
+pub const PROTOCOL_MAJOR: u16 = 1;
+/// Minor protocol version: additions that older peers may ignore.
+pub const PROTOCOL_MINOR: u16 = 0;
