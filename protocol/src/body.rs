@@ -4,7 +4,7 @@
 
 use serde::{de, Deserialize, Deserializer, Serialize};
 
-use crate::error::{ErrorCode, Origin};
+use crate::error::{ErrorCode, Origin, ProtocolError};
 use crate::value::Value;
 
 /// Role announced in `HELLO`.
@@ -36,6 +36,23 @@ pub struct Hello {
     /// Free-form name for logs and the admin view.
     #[serde(default)]
     pub name: Option<String>,
+}
+
+/// Refuses a major version other than [`crate::PROTOCOL_MAJOR`]; any minor version is fine.
+fn check_major(major: u16, minor: u16) -> Result<(), ProtocolError> {
+    if major == crate::PROTOCOL_MAJOR {
+        Ok(())
+    } else {
+        Err(ProtocolError::UnsupportedVersion { major, minor })
+    }
+}
+
+impl Hello {
+    /// The receiver's version check: a `HELLO` with any major version decodes, and the
+    /// dispatcher refuses one it does not speak with `ERROR UNSUPPORTED_VERSION` on stream 0.
+    pub fn check_version(&self) -> Result<(), ProtocolError> {
+        check_major(self.version_major, self.version_minor)
+    }
 }
 
 /// Database endpoint a worker must connect to.
@@ -85,6 +102,13 @@ pub struct HelloAck {
     /// Worker settings (role `worker` only).
     #[serde(default)]
     pub worker: Option<WorkerSettings>,
+}
+
+impl HelloAck {
+    /// The connecting peer's check of the dispatcher's answer (same rule as [`Hello::check_version`]).
+    pub fn check_version(&self) -> Result<(), ProtocolError> {
+        check_major(self.version_major, self.version_minor)
+    }
 }
 
 /// `PING` / `PONG` (stream 0). A `PONG` echoes the nonce of the `PING` it answers.
@@ -167,7 +191,10 @@ pub struct Request {
 impl Request {
     /// A single statement without parameters.
     pub fn sql(sql: impl Into<String>) -> Request {
-        Request { sql: sql.into(), ..Default::default() }
+        Request {
+            sql: sql.into(),
+            ..Default::default()
+        }
     }
 
     /// Checks the shape rules; the message says what is wrong.

@@ -39,14 +39,20 @@ impl Decoder for FrameCodec {
         }
         let h = peek_header(&src[..HEADER_LEN]);
         if h.len > self.max_payload {
-            return Err(ProtocolError::FrameTooLarge { len: h.len, max: self.max_payload });
+            return Err(ProtocolError::FrameTooLarge {
+                len: h.len,
+                max: self.max_payload,
+            });
         }
         let kind = Kind::from_u8(h.kind).ok_or(ProtocolError::UnknownKind(h.kind))?;
         if src[6] != 0 || src[7] != 0 {
             return Err(ProtocolError::ReservedNotZero);
         }
-        if kind.is_control() != (h.stream == 0) {
-            return Err(ProtocolError::WrongStream { kind: kind.name(), stream: h.stream });
+        if !kind.allowed_on(h.stream) {
+            return Err(ProtocolError::WrongStream {
+                kind: kind.name(),
+                stream: h.stream,
+            });
         }
         let total = HEADER_LEN + h.len;
         if src.len() < total {
@@ -55,7 +61,12 @@ impl Decoder for FrameCodec {
         }
         src.advance(HEADER_LEN);
         let payload = src.split_to(h.len).freeze();
-        Ok(Some(Frame { kind, flags: h.flags, stream: h.stream, payload }))
+        Ok(Some(Frame {
+            kind,
+            flags: h.flags,
+            stream: h.stream,
+            payload,
+        }))
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, ProtocolError> {
@@ -80,7 +91,10 @@ impl Encoder<&Frame> for FrameCodec {
 
     fn encode(&mut self, frame: &Frame, dst: &mut BytesMut) -> Result<(), ProtocolError> {
         if frame.payload.len() > self.max_payload {
-            return Err(ProtocolError::FrameTooLarge { len: frame.payload.len(), max: self.max_payload });
+            return Err(ProtocolError::FrameTooLarge {
+                len: frame.payload.len(),
+                max: self.max_payload,
+            });
         }
         frame.encode_to(dst);
         Ok(())

@@ -15,13 +15,16 @@ pub enum ProtocolError {
     UnknownKind(u8),
     #[error("reserved header bytes must be zero")]
     ReservedNotZero,
-    #[error("{kind} frame on stream {stream}: control frames use stream 0, stream frames a non-zero stream")]
+    #[error("{kind} frame on stream {stream}: control frames use stream 0, stream frames a non-zero stream (ERROR may use either)")]
     WrongStream { kind: &'static str, stream: u32 },
     #[error("malformed {kind} body: {reason}")]
     BadBody { kind: &'static str, reason: String },
     #[error("SQL text is not valid UTF-8")]
     BadUtf8,
-    #[error("unsupported protocol version {major}.{minor} (this peer speaks {}.x)", crate::PROTOCOL_MAJOR)]
+    #[error(
+        "unsupported protocol version {major}.{minor} (this peer speaks {}.x)",
+        crate::PROTOCOL_MAJOR
+    )]
     UnsupportedVersion { major: u16, minor: u16 },
     #[error("connection closed in the middle of a frame ({0} bytes buffered)")]
     Truncated(usize),

@@ -52,10 +52,10 @@ kinds! {
     QuitRequest = 0x06,
     /// The dispatcher lets a worker retire.
     QuitNow = 0x07,
-    /// A worker has connected to its database and can take requests.
-    Ready = 0x09,
     /// Abort one stream (stream id in the header, stream-level frame).
     Cancel = 0x08,
+    /// A worker has connected to its database and can take requests.
+    Ready = 0x09,
     /// Opens a stream with a SQL request.
     Request = 0x10,
     /// Result-set metadata.
@@ -83,6 +83,13 @@ impl Kind {
                 | Kind::Ready
         )
     }
+
+    /// Whether a frame of this kind may travel on `stream`: control kinds only on
+    /// stream 0, stream kinds only on a non-zero stream, and `ERROR` on either
+    /// (on stream 0 it reports a connection-level problem before the connection closes).
+    pub fn allowed_on(self, stream: u32) -> bool {
+        self == Kind::Error || self.is_control() == (stream == 0)
+    }
 }
 
 /// One frame. The payload stays undecoded bytes so that a relay can forward it
@@ -99,22 +106,41 @@ impl Frame {
     /// A frame whose payload is the MessagePack (named-field map) encoding of `body`.
     pub fn new<T: Serialize>(kind: Kind, stream: u32, body: &T) -> Frame {
         let payload = rmp_serde::to_vec_named(body).expect("body types always serialise");
-        Frame { kind, flags: FLAG_NONE, stream, payload: Bytes::from(payload) }
+        Frame {
+            kind,
+            flags: FLAG_NONE,
+            stream,
+            payload: Bytes::from(payload),
+        }
     }
 
     /// A frame with an empty payload.
     pub fn empty(kind: Kind, stream: u32) -> Frame {
-        Frame { kind, flags: FLAG_NONE, stream, payload: Bytes::new() }
+        Frame {
+            kind,
+            flags: FLAG_NONE,
+            stream,
+            payload: Bytes::new(),
+        }
     }
 
     /// Decodes the payload as `T`.
     pub fn body<T: DeserializeOwned>(&self) -> Result<T, ProtocolError> {
         rmp_serde::from_slice(&self.payload).map_err(|e| {
+            // Text sent as MessagePack str with invalid UTF-8 never reaches our visitor's
+            // error: rmp_serde replaces it with its own `Utf8Error`. In a REQUEST every
+            // text field is SQL (or SQL value text), so report it as BadUtf8 too.
+            if self.kind == Kind::Request && matches!(e, rmp_serde::decode::Error::Utf8Error(_)) {
+                return ProtocolError::BadUtf8;
+            }
             let reason = e.to_string();
             if reason.contains(crate::body::BAD_UTF8_MARKER) {
                 ProtocolError::BadUtf8
             } else {
-                ProtocolError::BadBody { kind: self.kind.name(), reason }
+                ProtocolError::BadBody {
+                    kind: self.kind.name(),
+                    reason,
+                }
             }
         })
     }
@@ -162,5 +188,10 @@ pub(crate) fn peek_header(mut src: &[u8]) -> RawHeader {
     let flags = src.get_u8();
     let _reserved = src.get_u16();
     let stream = src.get_u32();
-    RawHeader { len, kind, flags, stream }
+    RawHeader {
+        len,
+        kind,
+        flags,
+        stream,
+    }
 }

@@ -138,7 +138,15 @@ impl Serialize for Value {
                 seq.serialize_element(serde_bytes::Bytes::new(v))?;
                 seq.end()
             }
-            Value::Date { year, month, day, hour, minute, second, micro } => {
+            Value::Date {
+                year,
+                month,
+                day,
+                hour,
+                minute,
+                second,
+                micro,
+            } => {
                 let mut seq = s.serialize_seq(Some(8))?;
                 seq.serialize_element(&TAG_DATE)?;
                 seq.serialize_element(year)?;
@@ -150,7 +158,14 @@ impl Serialize for Value {
                 seq.serialize_element(micro)?;
                 seq.end()
             }
-            Value::Time { negative, days, hours, minutes, seconds, micros } => {
+            Value::Time {
+                negative,
+                days,
+                hours,
+                minutes,
+                seconds,
+                micros,
+            } => {
                 let mut seq = s.serialize_seq(Some(7))?;
                 seq.serialize_element(&TAG_TIME)?;
                 seq.serialize_element(negative)?;

@@ -1,0 +1,659 @@
+//! Every frame kind and body type survives encode → codec → decode, over arbitrary values.
+
+mod common;
+
+use common::*;
+use osprey_protocol::*;
+use proptest::prelude::*;
+use serde::Serialize;
+
+fn opt_string() -> impl Strategy<Value = Option<String>> {
+    proptest::option::of(any::<String>())
+}
+
+fn arb_hello() -> impl Strategy<Value = Hello> {
+    (
+        any::<u16>(),
+        any::<u16>(),
+        prop_oneof![Just(Role::Client), Just(Role::Worker)],
+        opt_string(),
+        opt_string(),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(any::<u32>()),
+        opt_string(),
+    )
+        .prop_map(
+            |(version_major, version_minor, role, token, secret, slot, pid, name)| Hello {
+                version_major,
+                version_minor,
+                role,
+                token,
+                secret,
+                slot,
+                pid,
+                name,
+            },
+        )
+}
+
+fn arb_backend() -> impl Strategy<Value = Backend> {
+    (
+        any::<String>(),
+        any::<String>(),
+        any::<u16>(),
+        any::<String>(),
+        any::<String>(),
+        opt_string(),
+    )
+        .prop_map(|(name, host, port, user, password, database)| Backend {
+            name,
+            host,
+            port,
+            user,
+            password,
+            database,
+        })
+}
+
+fn arb_worker_settings() -> impl Strategy<Value = WorkerSettings> {
+    (
+        arb_backend(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(backend, max_requests, max_age_ms, batch_rows, batch_bytes, connect_timeout_ms)| WorkerSettings {
+                backend,
+                max_requests,
+                max_age_ms,
+                batch_rows,
+                batch_bytes,
+                connect_timeout_ms,
+            },
+        )
+}
+
+fn arb_hello_ack() -> impl Strategy<Value = HelloAck> {
+    (
+        any::<u16>(),
+        any::<u16>(),
+        any::<String>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u64>(),
+        proptest::option::of(arb_worker_settings()),
+    )
+        .prop_map(
+            |(
+                version_major,
+                version_minor,
+                server,
+                connection_id,
+                max_payload,
+                max_streams,
+                keepalive_interval_ms,
+                worker,
+            )| {
+                HelloAck {
+                    version_major,
+                    version_minor,
+                    server,
+                    connection_id,
+                    max_payload,
+                    max_streams,
+                    keepalive_interval_ms,
+                    worker,
+                }
+            },
+        )
+}
+
+fn arb_statement() -> impl Strategy<Value = Statement> {
+    (any::<String>(), prop::collection::vec(arb_value(), 0..5)).prop_map(|(sql, params)| Statement { sql, params })
+}
+
+fn arb_request() -> impl Strategy<Value = Request> {
+    (
+        any::<String>(),
+        prop::collection::vec(arb_value(), 0..8),
+        prop::collection::vec(arb_statement(), 0..4),
+        any::<(bool, bool, bool)>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(sql, params, batch, (read_only, idempotent, force_primary), timeout_ms)| Request {
+                sql,
+                params,
+                batch,
+                read_only,
+                idempotent,
+                force_primary,
+                timeout_ms,
+            },
+        )
+}
+
+fn arb_column() -> impl Strategy<Value = Column> {
+    (
+        any::<String>(),
+        any::<String>(),
+        any::<u8>(),
+        any::<u16>(),
+        any::<u16>(),
+        any::<u32>(),
+        any::<u8>(),
+    )
+        .prop_map(|(name, table, column_type, flags, charset, length, decimals)| Column {
+            name,
+            table,
+            column_type,
+            flags,
+            charset,
+            length,
+            decimals,
+        })
+}
+
+fn arb_end() -> impl Strategy<Value = End> {
+    (
+        any::<u64>(),
+        proptest::option::of(any::<u64>()),
+        any::<u32>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(affected_rows, last_insert_id, warnings, rows, server_time_us, queue_time_us)| End {
+                affected_rows,
+                last_insert_id,
+                warnings,
+                rows,
+                server_time_us,
+                queue_time_us,
+            },
+        )
+}
+
+fn arb_error_body() -> impl Strategy<Value = ErrorBody> {
+    (
+        arb_origin(),
+        arb_error_code(),
+        proptest::option::of(any::<u16>()),
+        opt_string(),
+        any::<String>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(origin, code, errno, sqlstate, message, dispatched, retryable)| ErrorBody {
+                origin,
+                code,
+                errno,
+                sqlstate,
+                message,
+                dispatched,
+                retryable,
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn value_roundtrip(v in arb_value()) {
+        let bytes = rmp_serde::to_vec_named(&v).unwrap();
+        let back: Value = rmp_serde::from_slice(&bytes).unwrap();
+        prop_assert!(same_value(&v, &back), "{v:?} came back as {back:?}");
+    }
+
+    #[test]
+    fn hello(b in arb_hello()) {
+        prop_assert_eq!(roundtrip(Kind::Hello, 0, &b), b);
+    }
+
+    #[test]
+    fn hello_ack(b in arb_hello_ack()) {
+        prop_assert_eq!(roundtrip(Kind::HelloAck, 0, &b), b);
+    }
+
+    #[test]
+    fn ping_pong(nonce in any::<u64>()) {
+        let b = Ping { nonce };
+        prop_assert_eq!(roundtrip(Kind::Ping, 0, &b), b);
+        prop_assert_eq!(roundtrip(Kind::Pong, 0, &b), b);
+    }
+
+    #[test]
+    fn goaway(code in arb_error_code(), message in any::<String>()) {
+        let b = GoAway { code, message };
+        prop_assert_eq!(roundtrip(Kind::GoAway, 0, &b), b);
+    }
+
+    #[test]
+    fn quit_request(reason in any::<String>(), requests_served in any::<u64>(), age_ms in any::<u64>()) {
+        let b = QuitRequest { reason, requests_served, age_ms };
+        prop_assert_eq!(roundtrip(Kind::QuitRequest, 0, &b), b);
+    }
+
+    #[test]
+    fn ready(db_connection_id in any::<u32>(), server_version in any::<String>()) {
+        let b = Ready { db_connection_id, server_version };
+        prop_assert_eq!(roundtrip(Kind::Ready, 0, &b), b);
+    }
+
+    #[test]
+    fn cancel(stream in arb_data_stream(), reason in any::<String>()) {
+        let b = Cancel { reason };
+        prop_assert_eq!(roundtrip(Kind::Cancel, stream, &b), b);
+    }
+
+    #[test]
+    fn request(stream in arb_data_stream(), b in arb_request()) {
+        let back = roundtrip(Kind::Request, stream, &b);
+        prop_assert!(same_request(&b, &back), "{b:?} came back as {back:?}");
+    }
+
+    #[test]
+    fn columns(stream in arb_data_stream(), result_set in any::<u32>(), columns in prop::collection::vec(arb_column(), 0..6)) {
+        let b = Columns { result_set, columns };
+        prop_assert_eq!(roundtrip(Kind::Columns, stream, &b), b);
+    }
+
+    #[test]
+    fn rows(stream in arb_data_stream(), rows in prop::collection::vec(prop::collection::vec(arb_value(), 0..6), 0..6)) {
+        let b = Rows { rows };
+        let back = roundtrip(Kind::Rows, stream, &b);
+        prop_assert!(same_rows(&b, &back), "{b:?} came back as {back:?}");
+    }
+
+    #[test]
+    fn end(stream in arb_data_stream(), b in arb_end()) {
+        prop_assert_eq!(roundtrip(Kind::End, stream, &b), b);
+    }
+
+    #[test]
+    fn error_on_stream_and_on_stream_zero(stream in arb_data_stream(), b in arb_error_body()) {
+        prop_assert_eq!(roundtrip(Kind::Error, stream, &b), b.clone());
+        prop_assert_eq!(roundtrip(Kind::Error, 0, &b), b);
+    }
+
+    #[test]
+    fn error_code_strings(code in arb_error_code()) {
+        prop_assert_eq!(ErrorCode::parse(code.as_str()), code);
+        // On the wire an ErrorCode is a plain MessagePack str.
+        let bytes = rmp_serde::to_vec_named(&code).unwrap();
+        let s: String = rmp_serde::from_slice(&bytes).unwrap();
+        prop_assert_eq!(s.as_str(), code.as_str());
+        prop_assert_eq!(rmp_serde::from_slice::<ErrorCode>(&bytes).unwrap(), code);
+    }
+
+    /// Unknown codes from newer peers decode as UNKNOWN instead of failing the body.
+    #[test]
+    fn unknown_error_code_strings(s in "[A-Z_]{1,24}") {
+        let bytes = rmp_serde::to_vec_named(&s).unwrap();
+        let code: ErrorCode = rmp_serde::from_slice(&bytes).unwrap();
+        let expected = ErrorCode::ALL.iter().copied().find(|c| c.as_str() == s).unwrap_or(ErrorCode::Unknown);
+        prop_assert_eq!(code, expected);
+    }
+}
+
+#[test]
+fn quit_now_is_an_empty_map() {
+    let frame = Frame::new(Kind::QuitNow, 0, &QuitNow {});
+    assert_eq!(&frame.payload[..], &[0x80]);
+    assert_eq!(roundtrip(Kind::QuitNow, 0, &QuitNow {}), QuitNow {});
+}
+
+#[test]
+fn every_error_code_string_is_distinct() {
+    let mut seen = std::collections::HashSet::new();
+    for code in ErrorCode::ALL {
+        assert!(seen.insert(code.as_str()), "duplicate wire string {}", code.as_str());
+        assert_eq!(code.as_str(), code.as_str().to_ascii_uppercase());
+    }
+}
+
+#[test]
+fn value_edge_cases() {
+    let nan32 = f32::from_bits(0x7fc0_0001);
+    let nan64 = f64::from_bits(0xfff8_0000_0000_0042);
+    let values = vec![
+        Value::Null,
+        Value::Int(i64::MIN),
+        Value::Int(i64::MAX),
+        Value::Int(-1),
+        Value::Int(0),
+        Value::UInt(u64::MAX),
+        Value::UInt(0),
+        Value::Float(nan32),
+        Value::Double(nan64),
+        Value::Double(-0.0),
+        Value::Decimal("-12.340".into()),
+        Value::Bytes(vec![0, 0, 0]),
+        Value::Bytes(vec![]),
+        Value::Text(String::new()),
+        Value::Text("nul\0inside".into()),
+        Value::Date {
+            year: 0,
+            month: 0,
+            day: 0,
+            hour: 0,
+            minute: 0,
+            second: 0,
+            micro: 0,
+        },
+        Value::Time {
+            negative: true,
+            days: 34,
+            hours: 22,
+            minutes: 59,
+            seconds: 59,
+            micros: 999_999,
+        },
+        Value::Bit(vec![0x01, 0x00]),
+        Value::Json("{\"a\":[1,null]}".into()),
+    ];
+    let rows = Rows {
+        rows: vec![values.clone()],
+    };
+    let back = roundtrip(Kind::Rows, 1, &rows);
+    assert!(same_rows(&rows, &back), "{back:?}");
+    assert!(matches!(back.rows[0][7], Value::Float(f) if f.to_bits() == nan32.to_bits()));
+    assert!(matches!(back.rows[0][8], Value::Double(f) if f.to_bits() == nan64.to_bits()));
+}
+
+/// The exact MessagePack of each value form, as documented in the Value table.
+#[test]
+fn value_wire_forms() {
+    let enc = |v: Value| rmp_serde::to_vec_named(&v).unwrap();
+    assert_eq!(enc(Value::Null), [0xc0]);
+    assert_eq!(enc(Value::Int(5)), [0x05]);
+    assert_eq!(enc(Value::Int(-1)), [0xff]);
+    assert_eq!(enc(Value::Int(300)), [0xcd, 0x01, 0x2c]);
+    assert_eq!(
+        enc(Value::UInt(u64::MAX)),
+        [0x92, 0x02, 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]
+    );
+    assert_eq!(enc(Value::Float(1.5)), [0xca, 0x3f, 0xc0, 0x00, 0x00]);
+    assert_eq!(enc(Value::Double(1.5)), [0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(enc(Value::Decimal("1.5".into())), [0x92, 0x05, 0xa3, b'1', b'.', b'5']);
+    assert_eq!(enc(Value::Bytes(vec![0, 1])), [0xc4, 0x02, 0x00, 0x01]);
+    assert_eq!(enc(Value::Text("hi".into())), [0xa2, b'h', b'i']);
+    assert_eq!(
+        enc(Value::Date {
+            year: 2024,
+            month: 2,
+            day: 29,
+            hour: 13,
+            minute: 5,
+            second: 9,
+            micro: 0
+        }),
+        [0x98, 0x06, 0xcd, 0x07, 0xe8, 0x02, 0x1d, 0x0d, 0x05, 0x09, 0x00]
+    );
+    assert_eq!(
+        enc(Value::Time {
+            negative: true,
+            days: 1,
+            hours: 2,
+            minutes: 3,
+            seconds: 4,
+            micros: 5
+        }),
+        [0x97, 0x07, 0xc3, 0x01, 0x02, 0x03, 0x04, 0x05]
+    );
+    assert_eq!(enc(Value::Bit(vec![0x80])), [0x92, 0x08, 0xc4, 0x01, 0x80]);
+    assert_eq!(enc(Value::Json("1".into())), [0x92, 0x09, 0xa1, b'1']);
+}
+
+/// Other encoders may pick wider markers than needed; receivers accept them.
+#[test]
+fn value_accepts_non_minimal_encodings() {
+    let dec = |b: &[u8]| rmp_serde::from_slice::<Value>(b).unwrap();
+    assert_eq!(dec(&[0xd3, 0, 0, 0, 0, 0, 0, 0, 7]), Value::Int(7)); // int 64
+    assert_eq!(dec(&[0xcf, 0, 0, 0, 0, 0, 0, 0, 7]), Value::Int(7)); // uint 64
+    assert_eq!(dec(&[0xd0, 0xfe]), Value::Int(-2)); // int 8
+    assert_eq!(dec(&[0x92, 0x02, 0x07]), Value::UInt(7)); // tagged uint, fixint
+    assert_eq!(dec(&[0xd9, 0x01, b'x']), Value::Text("x".into())); // str 8
+    assert_eq!(dec(&[0xdc, 0x00, 0x02, 0x09, 0xa1, b'1']), Value::Json("1".into())); // array 16
+                                                                                     // An untagged integer above i64::MAX is an error: unsigned values use [2, uint].
+    assert!(rmp_serde::from_slice::<Value>(&[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]).is_err());
+    // Unknown tags, missing and surplus elements are errors.
+    assert!(rmp_serde::from_slice::<Value>(&[0x92, 0x03, 0x00]).is_err());
+    assert!(rmp_serde::from_slice::<Value>(&[0x91, 0x02]).is_err());
+    assert!(rmp_serde::from_slice::<Value>(&[0x93, 0x02, 0x01, 0x01]).is_err());
+}
+
+/// Encodes a struct that has only some of a body's fields, decodes it as the real body.
+fn decode_partial<P: Serialize, T: serde::de::DeserializeOwned>(kind: Kind, stream: u32, partial: &P) -> T {
+    Frame::new(kind, stream, partial)
+        .body::<T>()
+        .expect("partial body decodes")
+}
+
+#[test]
+fn optional_fields_may_be_absent() {
+    #[derive(Serialize)]
+    struct HelloMin {
+        version_major: u16,
+        version_minor: u16,
+        role: &'static str,
+    }
+    let h: Hello = decode_partial(
+        Kind::Hello,
+        0,
+        &HelloMin {
+            version_major: 1,
+            version_minor: 0,
+            role: "client",
+        },
+    );
+    assert_eq!(
+        h,
+        Hello {
+            version_major: 1,
+            version_minor: 0,
+            role: Role::Client,
+            token: None,
+            secret: None,
+            slot: None,
+            pid: None,
+            name: None
+        }
+    );
+
+    #[derive(Serialize)]
+    struct AckMin {
+        version_major: u16,
+        version_minor: u16,
+        server: &'static str,
+        connection_id: u64,
+        max_payload: u32,
+        max_streams: u32,
+        keepalive_interval_ms: u64,
+    }
+    let a: HelloAck = decode_partial(
+        Kind::HelloAck,
+        0,
+        &AckMin {
+            version_major: 1,
+            version_minor: 0,
+            server: "osprey",
+            connection_id: 7,
+            max_payload: 1 << 24,
+            max_streams: 100,
+            keepalive_interval_ms: 10_000,
+        },
+    );
+    assert_eq!(a.worker, None);
+
+    #[derive(Serialize)]
+    struct RequestMin {
+        sql: &'static str,
+    }
+    let r: Request = decode_partial(Kind::Request, 1, &RequestMin { sql: "SELECT 1" });
+    assert_eq!(r, Request::sql("SELECT 1"));
+
+    #[derive(Serialize)]
+    struct BatchOnly {
+        batch: Vec<RequestMin>,
+    }
+    let r: Request = decode_partial(
+        Kind::Request,
+        1,
+        &BatchOnly {
+            batch: vec![RequestMin { sql: "DELETE FROM t" }],
+        },
+    );
+    assert_eq!(r.sql, "");
+    assert_eq!(
+        r.batch,
+        vec![Statement {
+            sql: "DELETE FROM t".into(),
+            params: vec![]
+        }]
+    );
+
+    #[derive(Serialize)]
+    struct Empty {}
+    let c: Cancel = decode_partial(Kind::Cancel, 3, &Empty {});
+    assert_eq!(c, Cancel::default());
+    let q: QuitNow = decode_partial(Kind::QuitNow, 0, &Empty {});
+    assert_eq!(q, QuitNow {});
+
+    #[derive(Serialize)]
+    struct EndMin {
+        affected_rows: u64,
+        warnings: u32,
+        rows: u64,
+        server_time_us: u64,
+        queue_time_us: u64,
+    }
+    let e: End = decode_partial(
+        Kind::End,
+        1,
+        &EndMin {
+            affected_rows: 1,
+            warnings: 0,
+            rows: 0,
+            server_time_us: 5,
+            queue_time_us: 1,
+        },
+    );
+    assert_eq!(e.last_insert_id, None);
+
+    #[derive(Serialize)]
+    struct ErrorMin {
+        origin: &'static str,
+        code: &'static str,
+        message: &'static str,
+        dispatched: bool,
+        retryable: bool,
+    }
+    let e: ErrorBody = decode_partial(
+        Kind::Error,
+        1,
+        &ErrorMin {
+            origin: "dispatcher",
+            code: "QUEUE_FULL",
+            message: "full",
+            dispatched: false,
+            retryable: true,
+        },
+    );
+    assert_eq!(
+        e,
+        ErrorBody::undispatched(Origin::Dispatcher, ErrorCode::QueueFull, "full")
+    );
+
+    #[derive(Serialize)]
+    struct ColumnMin {
+        name: &'static str,
+        column_type: u8,
+        flags: u16,
+        charset: u16,
+        length: u32,
+        decimals: u8,
+    }
+    let c: Column = decode_partial(
+        Kind::Columns,
+        1,
+        &ColumnMin {
+            name: "x",
+            column_type: 3,
+            flags: 0,
+            charset: 63,
+            length: 11,
+            decimals: 0,
+        },
+    );
+    assert_eq!(c.table, "");
+
+    #[derive(Serialize)]
+    struct BackendMin {
+        name: &'static str,
+        host: &'static str,
+        port: u16,
+        user: &'static str,
+        password: &'static str,
+    }
+    let b: Backend = decode_partial(
+        Kind::HelloAck,
+        0,
+        &BackendMin {
+            name: "primary",
+            host: "127.0.0.1",
+            port: 3306,
+            user: "u",
+            password: "p",
+        },
+    );
+    assert_eq!(b.database, None);
+}
+
+/// nil is accepted wherever an optional field may be absent.
+#[test]
+fn optional_fields_may_be_nil() {
+    let h = Hello {
+        version_major: 1,
+        version_minor: 0,
+        role: Role::Worker,
+        token: None,
+        secret: Some("s".into()),
+        slot: Some(3),
+        pid: None,
+        name: None,
+    };
+    let frame = Frame::new(Kind::Hello, 0, &h);
+    // "token" key followed by nil (0xc0).
+    assert!(frame
+        .payload
+        .windows(7)
+        .any(|w| w == [0xa5, b't', b'o', b'k', b'e', b'n', 0xc0]));
+    assert_eq!(frame.body::<Hello>().unwrap(), h);
+}
+
+/// Receivers ignore fields they do not know (a newer minor version may add some).
+#[test]
+fn unknown_fields_are_ignored() {
+    #[derive(Serialize)]
+    struct PingPlus {
+        nonce: u64,
+        future_field: Vec<u32>,
+        another: &'static str,
+    }
+    let p: Ping = decode_partial(
+        Kind::Ping,
+        0,
+        &PingPlus {
+            nonce: 9,
+            future_field: vec![1, 2],
+            another: "x",
+        },
+    );
+    assert_eq!(p, Ping { nonce: 9 });
+}
