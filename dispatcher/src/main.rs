@@ -1,1 +1,71 @@
-fn main() {}
+//! `osprey-dispatcher` binary: flags, logging, then [`osprey_dispatcher::server::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use osprey_dispatcher::config::Config;
+use osprey_dispatcher::server::{run, Options};
+
+/// Osprey dispatcher: multiplexed SQL requests to a supervised pool of worker
+/// processes. With no `[backend]` configured it starts a local MariaDB sandbox.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// TOML config file (see docs/CONFIG.md). Every key has a default.
+    #[arg(long, short = 'c', env = "OSPREY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Client listener address (overrides listen.client).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Admin HTTP listener address (overrides listen.admin).
+    #[arg(long)]
+    admin: Option<SocketAddr>,
+    /// Number of worker slots (overrides pool.size).
+    #[arg(long)]
+    pool_size: Option<usize>,
+    /// Runtime directory for the worker socket and credentials (overrides listen.runtime_dir).
+    #[arg(long)]
+    runtime_dir: Option<PathBuf>,
+    /// Validate the config and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(a) = args.listen {
+        config.listen.client = a;
+    }
+    if let Some(a) = args.admin {
+        config.listen.admin = a;
+    }
+    if let Some(n) = args.pool_size {
+        config.pool.size = n;
+    }
+    if let Some(d) = args.runtime_dir {
+        config.listen.runtime_dir = Some(d);
+    }
+    config.validate()?;
+    if args.check_config {
+        println!("config ok");
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(run(Options {
+        config,
+        config_path: args.config,
+    }))
+}

@@ -1,0 +1,294 @@
+//! One client connection: handshake, then a reader that opens streams and a
+//! writer task that owns the socket's write half (coalesced writes, bounded
+//! queue, write timeout).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use osprey_protocol::{
+    ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError, Request, Role,
+    PROTOCOL_MAJOR, PROTOCOL_MINOR,
+};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::time::{timeout, Instant};
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn, Instrument};
+
+use crate::ctx::Ctx;
+use crate::request::{self, RequestMeta};
+use crate::streams::{ClientShared, OpenError};
+
+type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
+type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
+
+/// While draining, how often a connection checks whether its last stream ended.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
+
+pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, _permit: OwnedSemaphorePermit) {
+    let id = ctx.next_conn_id();
+    let peer = socket.peer_addr().ok();
+    let _ = socket.set_nodelay(true);
+    let span = tracing::info_span!("client", conn = id, ?peer);
+    async move {
+        ctx.metrics.client_connections.inc();
+        let (rd, wr) = socket.into_split();
+        let codec = FrameCodec::new(ctx.config.limits.max_payload);
+        let mut reader = FramedRead::new(rd, codec.clone());
+        let mut writer = FramedWrite::new(wr, codec);
+        match handshake(&ctx, id, &mut reader, &mut writer).await {
+            Ok(name) => {
+                debug!(?name, "client connected");
+                run(&ctx, id, reader, writer).await;
+            }
+            Err(body) => {
+                info!("client refused: {}", body.message);
+                let _ = timeout(Duration::from_secs(1), writer.send(Frame::new(Kind::Error, 0, &body))).await;
+            }
+        }
+        ctx.metrics.client_connections.dec();
+    }
+    .instrument(span)
+    .await
+}
+
+fn conn_error(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
+    ErrorBody::undispatched(Origin::Dispatcher, code, message)
+}
+
+fn protocol_error(e: &ProtocolError) -> ErrorBody {
+    conn_error(e.code(), e.to_string())
+}
+
+async fn handshake(ctx: &Ctx, id: u64, reader: &mut Reader, writer: &mut Writer) -> Result<Option<String>, ErrorBody> {
+    let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
+    let frame = match timeout(limit, reader.next()).await {
+        Err(_) => {
+            return Err(conn_error(
+                ErrorCode::ProtocolViolation,
+                "no HELLO within the handshake timeout",
+            ))
+        }
+        Ok(None) => return Err(conn_error(ErrorCode::ProtocolViolation, "closed before HELLO")),
+        Ok(Some(Err(e))) => return Err(protocol_error(&e)),
+        Ok(Some(Ok(frame))) => frame,
+    };
+    if frame.kind != Kind::Hello {
+        return Err(conn_error(
+            ErrorCode::ProtocolViolation,
+            format!("expected HELLO, got {}", frame.kind.name()),
+        ));
+    }
+    let hello: Hello = frame.body().map_err(|e| protocol_error(&e))?;
+    if hello.version_major != PROTOCOL_MAJOR {
+        let e = ProtocolError::UnsupportedVersion {
+            major: hello.version_major,
+            minor: hello.version_minor,
+        };
+        return Err(protocol_error(&e));
+    }
+    if hello.role != Role::Client {
+        return Err(conn_error(
+            ErrorCode::AuthFailed,
+            "workers register on the worker socket",
+        ));
+    }
+    if !ctx.client_token_ok(hello.token.as_deref()) {
+        return Err(conn_error(ErrorCode::AuthFailed, "invalid client token"));
+    }
+    let ack = HelloAck {
+        version_major: PROTOCOL_MAJOR,
+        version_minor: PROTOCOL_MINOR,
+        server: format!("osprey-dispatcher {}", env!("CARGO_PKG_VERSION")),
+        connection_id: id,
+        max_payload: ctx.config.limits.max_payload as u32,
+        max_streams: ctx.config.limits.max_streams_per_connection,
+        keepalive_interval_ms: ctx.config.timeouts.keepalive_interval_ms,
+        worker: None,
+    };
+    writer
+        .send(Frame::new(Kind::HelloAck, 0, &ack))
+        .await
+        .map_err(|e| protocol_error(&e))?;
+    Ok(hello.name)
+}
+
+async fn run(ctx: &Arc<Ctx>, id: u64, mut reader: Reader, writer: Writer) {
+    let (out_tx, out_rx) = mpsc::channel(ctx.config.limits.client_write_queue);
+    let write_failed = CancellationToken::new();
+    let write_timeout = Duration::from_millis(ctx.config.limits.client_write_timeout_ms);
+    let writer_task = tokio::spawn(write_loop(writer, out_rx, write_timeout, write_failed.clone()));
+    let shared = ClientShared::new(
+        id,
+        out_tx,
+        ctx.config.limits.max_streams_per_connection as usize,
+        ctx.metrics.clone(),
+    );
+
+    let mut last_rx = Instant::now();
+    let mut keepalive = tokio::time::interval(ctx.keepalive_interval());
+    keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    keepalive.reset();
+    let mut drain_poll = tokio::time::interval(DRAIN_POLL);
+    let mut draining = false;
+    let mut nonce = 0u64;
+    let close: Option<ErrorBody> = loop {
+        tokio::select! {
+            frame = reader.next() => {
+                let frame = match frame {
+                    None => break None,
+                    Some(Err(e)) => {
+                        warn!("bad input from client: {e}");
+                        break Some(protocol_error(&e));
+                    }
+                    Some(Ok(frame)) => frame,
+                };
+                last_rx = Instant::now();
+                ctx.metrics.bytes_from_clients.inc_by(frame.payload.len() as u64);
+                if let Err(body) = on_frame(ctx, &shared, frame, draining).await {
+                    break Some(body);
+                }
+            }
+            _ = keepalive.tick() => {
+                if last_rx.elapsed() > ctx.keepalive_timeout() {
+                    warn!("client silent past keepalive_timeout; closing");
+                    break Some(conn_error(ErrorCode::KeepaliveTimeout, "no frame within keepalive_timeout"));
+                }
+                nonce += 1;
+                let _ = shared.out.try_send(Frame::new(Kind::Ping, 0, &Ping { nonce }));
+            }
+            _ = write_failed.cancelled() => {
+                warn!("client does not take our bytes (write timeout or error); cutting it off");
+                break None;
+            }
+            _ = ctx.draining.cancelled(), if !draining => {
+                draining = true;
+                let goaway = GoAway { code: ErrorCode::ShuttingDown, message: "dispatcher is shutting down".into() };
+                let _ = shared.out.send(Frame::new(Kind::GoAway, 0, &goaway)).await;
+            }
+            _ = drain_poll.tick(), if draining => {
+                if shared.open_streams() == 0 {
+                    break None;
+                }
+            }
+        }
+    };
+    if let Some(body) = close {
+        // Connection-level error: ERROR on stream 0, then close.
+        let _ = shared.out.try_send(Frame::new(Kind::Error, 0, &body));
+    }
+    // Nobody will read the rest of the open streams: stop relaying to this client
+    // and cancel them (their requests then free their workers).
+    shared.closed.store(true, Ordering::Relaxed);
+    if shared.open_streams() > 0 {
+        debug!(open = shared.open_streams(), "connection closing with open streams");
+    }
+    shared.cancel_all();
+    drop(shared);
+    // The writer ends when the last request task drops its handle on the queue.
+    let _ = writer_task.await;
+}
+
+/// Handles one frame. Err: a connection-level problem; the connection closes.
+async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), ErrorBody> {
+    match frame.kind {
+        Kind::Request => open_stream(ctx, shared, frame, draining).await,
+        Kind::Cancel => {
+            shared.cancel(frame.stream);
+            Ok(())
+        }
+        Kind::Ping => {
+            let ping: Ping = frame.body().map_err(|e| protocol_error(&e))?;
+            let _ = shared.out.send(Frame::new(Kind::Pong, 0, &ping)).await;
+            Ok(())
+        }
+        Kind::Pong | Kind::GoAway => Ok(()),
+        other => Err(conn_error(
+            ErrorCode::ProtocolViolation,
+            format!("a client may not send {} frames", other.name()),
+        )),
+    }
+}
+
+async fn open_stream(
+    ctx: &Arc<Ctx>,
+    shared: &Arc<ClientShared>,
+    frame: Frame,
+    draining: bool,
+) -> Result<(), ErrorBody> {
+    let stream = frame.stream;
+    let request: Request = match frame.body() {
+        Ok(r) => r,
+        // Bad SQL text fails its stream alone; an undecodable body is a broken
+        // peer (docs/PROTOCOL.md): the connection closes.
+        Err(ProtocolError::BadUtf8) => {
+            ctx.metrics.outcome("bad_request");
+            shared.reject(stream, protocol_error(&ProtocolError::BadUtf8)).await;
+            return Ok(());
+        }
+        Err(e) => return Err(protocol_error(&e)),
+    };
+    if let Err(msg) = request.validate() {
+        ctx.metrics.outcome("bad_request");
+        shared.reject(stream, conn_error(ErrorCode::InvalidRequest, msg)).await;
+        return Ok(());
+    }
+    let (guard, cancel) = match shared.open(stream) {
+        Ok(opened) => opened,
+        Err(OpenError::Duplicate) => {
+            return Err(conn_error(
+                ErrorCode::DuplicateStream,
+                format!("stream {stream} is already open"),
+            ));
+        }
+        Err(OpenError::TooMany) => {
+            ctx.metrics.outcome("too_many_streams");
+            let msg = format!(
+                "stream {stream} refused: {} streams already open on this connection",
+                ctx.config.limits.max_streams_per_connection
+            );
+            shared.reject(stream, conn_error(ErrorCode::TooManyStreams, msg)).await;
+            return Ok(());
+        }
+    };
+    if draining {
+        ctx.metrics.outcome("shutting_down");
+        guard
+            .fail(conn_error(
+                ErrorCode::ShuttingDown,
+                "the dispatcher is draining (GOAWAY sent)",
+            ))
+            .await;
+        return Ok(());
+    }
+    let meta = RequestMeta {
+        timeout: (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms)),
+    };
+    request::spawn(ctx.clone(), guard, cancel, frame, meta);
+    Ok(())
+}
+
+async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Frame>, limit: Duration, failed: CancellationToken) {
+    while let Some(frame) = rx.recv().await {
+        let ok = timeout(limit, async {
+            writer.feed(frame).await?;
+            // Coalesce whatever else is queued into the same write.
+            while let Ok(frame) = rx.try_recv() {
+                writer.feed(frame).await?;
+            }
+            SinkExt::<Frame>::flush(&mut writer).await
+        })
+        .await;
+        if !matches!(ok, Ok(Ok(()))) {
+            failed.cancel();
+            // Keep draining so request tasks never block on a dead client.
+            rx.close();
+            while rx.recv().await.is_some() {}
+            return;
+        }
+    }
+}

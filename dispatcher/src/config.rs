@@ -1,0 +1,276 @@
+//! Dispatcher configuration: one TOML file, every key optional with a documented
+//! default (see `docs/CONFIG.md`). Durations are integers in milliseconds
+//! (`*_ms`) or seconds (`*_s`) so that the file needs no duration syntax.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {source}")]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub listen: Listen,
+    pub auth: Auth,
+    pub pool: Pool,
+    pub limits: Limits,
+    pub timeouts: Timeouts,
+    /// The database the workers connect to. Absent: the dispatcher starts a local
+    /// MariaDB sandbox (primary + 1 replica) and uses its primary.
+    pub backend: Option<Backend>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Listen {
+    /// Client listener (TCP, bound with SO_REUSEPORT).
+    pub client: SocketAddr,
+    /// Admin HTTP listener.
+    pub admin: SocketAddr,
+    /// Directory for the worker socket and the local credentials file.
+    /// Default: `$OSPREY_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/osprey`, else `/tmp/osprey-<uid>`.
+    pub runtime_dir: Option<PathBuf>,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Listen {
+            client: "127.0.0.1:7400".parse().expect("valid literal"),
+            admin: "127.0.0.1:7401".parse().expect("valid literal"),
+            runtime_dir: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Auth {
+    /// Tokens clients may present in HELLO. Empty: one is generated at start and
+    /// written, with the admin token, to `<runtime_dir>/credentials` (mode 0600).
+    pub client_tokens: Vec<String>,
+    /// Bearer token for the admin API. Absent: generated as above.
+    pub admin_token: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Pool {
+    /// Number of worker slots (fixed mode).
+    pub size: usize,
+    /// Elastic mode: when both `min` and `max` are set, the pool starts at `min`
+    /// (or `size` if larger), grows by one slot per second while requests wait in the
+    /// queue, and retires one idle slot per `shrink_after_s` of continuous idleness.
+    pub min: Option<usize>,
+    pub max: Option<usize>,
+    pub shrink_after_s: u64,
+    /// A worker asks to retire after this many requests (0 = never).
+    pub max_requests: u64,
+    /// A worker asks to retire after this many seconds (0 = never).
+    pub max_age_s: u64,
+    /// Requests waiting for a worker; one more is rejected with QUEUE_FULL.
+    pub queue_capacity: usize,
+    /// A request waiting longer than this for a worker fails with QUEUE_TIMEOUT.
+    pub queue_timeout_ms: u64,
+    /// A spawned worker must register and open its database session within this time.
+    pub register_timeout_ms: u64,
+    /// Back-off before respawning a slot whose worker crashed quickly; doubles up to the max.
+    pub respawn_backoff_min_ms: u64,
+    pub respawn_backoff_max_ms: u64,
+    /// Path of the `osprey-worker` binary. Default: next to the dispatcher's binary.
+    pub worker_binary: Option<PathBuf>,
+    /// Rows per ROWS frame, and bytes per ROWS frame, whichever is reached first.
+    pub batch_rows: u32,
+    pub batch_bytes: u32,
+    /// Worker log filter (RUST_LOG syntax) passed to worker processes.
+    pub worker_log: String,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool {
+            size: 4,
+            min: None,
+            max: None,
+            shrink_after_s: 60,
+            max_requests: 10_000,
+            max_age_s: 3600,
+            queue_capacity: 4096,
+            queue_timeout_ms: 5_000,
+            register_timeout_ms: 10_000,
+            respawn_backoff_min_ms: 100,
+            respawn_backoff_max_ms: 10_000,
+            worker_binary: None,
+            batch_rows: 512,
+            batch_bytes: 256 * 1024,
+            worker_log: "warn".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Concurrently open streams per client connection; one more fails alone with TOO_MANY_STREAMS.
+    pub max_streams_per_connection: u32,
+    /// Largest frame payload accepted, bytes.
+    pub max_payload: usize,
+    /// Client connections held at once; further ones are closed at accept.
+    pub max_client_connections: usize,
+    /// Frames queued towards one client before its streams wait (backpressure).
+    pub client_write_queue: usize,
+    /// A client that does not take our bytes for this long is cut off (slow consumer).
+    pub client_write_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_streams_per_connection: 1024,
+            max_payload: osprey_protocol::DEFAULT_MAX_PAYLOAD,
+            max_client_connections: 20_000,
+            client_write_queue: 256,
+            client_write_timeout_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Timeouts {
+    /// A request running on a worker longer than this kills the worker.
+    pub request_timeout_ms: u64,
+    /// PING on idle links this often.
+    pub keepalive_interval_ms: u64,
+    /// No frame at all from a peer for this long means it is dead.
+    pub keepalive_timeout_ms: u64,
+    /// On SIGTERM, in-flight requests get this long to finish.
+    pub drain_timeout_ms: u64,
+    /// After CANCEL, a worker gets this long to answer before it is killed.
+    pub cancel_grace_ms: u64,
+    /// A client must complete HELLO within this time.
+    pub handshake_timeout_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            request_timeout_ms: 300_000,
+            keepalive_interval_ms: 10_000,
+            keepalive_timeout_ms: 30_000,
+            drain_timeout_ms: 30_000,
+            cancel_grace_ms: 2_000,
+            handshake_timeout_ms: 5_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backend {
+    #[serde(default = "default_backend_name")]
+    pub name: String,
+    pub host: String,
+    #[serde(default = "default_port")]
+    pub port: u16,
+    pub user: String,
+    #[serde(default)]
+    pub password: String,
+    #[serde(default)]
+    pub database: Option<String>,
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_ms: u64,
+}
+
+fn default_backend_name() -> String {
+    "primary".into()
+}
+fn default_port() -> u16 {
+    3306
+}
+fn default_connect_timeout() -> u64 {
+    5_000
+}
+
+impl Config {
+    /// Reads and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source,
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
+        if self.pool.size == 0 && self.pool.min.is_none() {
+            return bad("pool.size must be at least 1");
+        }
+        match (self.pool.min, self.pool.max) {
+            (Some(min), Some(max)) if min == 0 || min > max => return bad("pool.min must be >= 1 and <= pool.max"),
+            (Some(_), None) | (None, Some(_)) => return bad("pool.min and pool.max go together"),
+            _ => {}
+        }
+        if self.limits.max_streams_per_connection == 0 {
+            return bad("limits.max_streams_per_connection must be at least 1");
+        }
+        if self.limits.max_payload < 1024 || self.limits.max_payload > u32::MAX as usize {
+            return bad("limits.max_payload must be between 1 KiB and 4 GiB");
+        }
+        if self.timeouts.keepalive_timeout_ms <= self.timeouts.keepalive_interval_ms {
+            return bad("timeouts.keepalive_timeout_ms must exceed keepalive_interval_ms");
+        }
+        if self.pool.batch_rows == 0 || (self.pool.batch_bytes as usize) >= self.limits.max_payload {
+            return bad("pool.batch_rows must be >= 1 and pool.batch_bytes below limits.max_payload");
+        }
+        Ok(())
+    }
+
+    /// The initial number of slots.
+    pub fn initial_pool_size(&self) -> usize {
+        match self.pool.min {
+            Some(min) => min.max(self.pool.size.min(self.pool.max.unwrap_or(usize::MAX))),
+            None => self.pool.size,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c: Config = toml::from_str("").unwrap();
+        assert_eq!(c, Config::default());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_key_is_an_error() {
+        assert!(toml::from_str::<Config>("[pool]\nsise = 3\n").is_err());
+    }
+
+    #[test]
+    fn elastic_bounds_are_checked() {
+        let c: Config = toml::from_str("[pool]\nmin = 4\nmax = 2\n").unwrap();
+        assert!(c.validate().is_err());
+        let c: Config = toml::from_str("[pool]\nmin = 2\nmax = 8\nsize = 1\n").unwrap();
+        assert_eq!(c.initial_pool_size(), 2);
+    }
+}

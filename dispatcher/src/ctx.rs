@@ -1,0 +1,96 @@
+//! Process-wide state shared by the listeners, connections and the supervisor.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use osprey_protocol::WorkerSettings;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+
+pub struct Ctx {
+    pub config: Config,
+    pub pool: Arc<Pool>,
+    pub metrics: Arc<Metrics>,
+    pub client_tokens: Vec<String>,
+    pub admin_token: String,
+    /// Per-boot secret a worker must present; handed to workers on stdin.
+    pub secret: String,
+    pub worker_settings: WorkerSettings,
+    /// SIGTERM: stop accepting, GOAWAY every client, let in-flight requests finish.
+    pub draining: CancellationToken,
+    /// The drain deadline passed (or a second signal): fail what is left.
+    pub abort: CancellationToken,
+    pub started: Instant,
+    next_conn_id: AtomicU64,
+}
+
+impl Ctx {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: Config,
+        pool: Arc<Pool>,
+        metrics: Arc<Metrics>,
+        client_tokens: Vec<String>,
+        admin_token: String,
+        secret: String,
+        worker_settings: WorkerSettings,
+    ) -> Ctx {
+        Ctx {
+            config,
+            pool,
+            metrics,
+            client_tokens,
+            admin_token,
+            secret,
+            worker_settings,
+            draining: CancellationToken::new(),
+            abort: CancellationToken::new(),
+            started: Instant::now(),
+            next_conn_id: AtomicU64::new(1),
+        }
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn queue_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.pool.queue_timeout_ms)
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.timeouts.request_timeout_ms)
+    }
+
+    pub fn keepalive_interval(&self) -> Duration {
+        Duration::from_millis(self.config.timeouts.keepalive_interval_ms)
+    }
+
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.timeouts.keepalive_timeout_ms)
+    }
+
+    pub fn client_token_ok(&self, token: Option<&str>) -> bool {
+        let Some(token) = token else { return false };
+        // Check every token, without an early exit, so timing does not tell which matched.
+        self.client_tokens
+            .iter()
+            .fold(false, |ok, t| ok | constant_time_eq(t.as_bytes(), token.as_bytes()))
+    }
+}
+
+/// Equality whose time depends only on the lengths, not on where the bytes differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// 256 random bits as hex: secrets and generated tokens.
+pub fn random_token() -> String {
+    let a: u128 = rand::random();
+    let b: u128 = rand::random();
+    format!("{a:032x}{b:032x}")
+}

@@ -1,0 +1,166 @@
+//! Prometheus metrics (`prometheus-client`: typed, OpenMetrics text output).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::pool::SlotState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<OutcomeLabel, Counter>,
+    pub latency: Histogram,
+    pub queue_wait: Histogram,
+    pub queue_depth: Gauge,
+    pub slots: Family<StateLabel, Gauge>,
+    pub respawns: Counter,
+    pub recycles: Counter,
+    pub fatal_exits: Counter,
+    pub worker_kills: Counter,
+    pub bytes_to_clients: Counter,
+    pub bytes_from_clients: Counter,
+    pub client_connections: Gauge,
+    pub streams_opened: Counter,
+    pub streams_closed: Counter,
+    pub streams_open: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("osprey");
+        let requests = Family::<OutcomeLabel, Counter>::default();
+        // 50 µs .. ~52 s.
+        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 21));
+        let queue_wait = Histogram::new(exponential_buckets(0.000_01, 2.0, 21));
+        let queue_depth = Gauge::default();
+        let slots = Family::<StateLabel, Gauge>::default();
+        let respawns = Counter::default();
+        let recycles = Counter::default();
+        let fatal_exits = Counter::default();
+        let worker_kills = Counter::default();
+        let bytes_to_clients = Counter::default();
+        let bytes_from_clients = Counter::default();
+        let client_connections = Gauge::default();
+        let streams_opened = Counter::default();
+        let streams_closed = Counter::default();
+        let streams_open = Gauge::default();
+        registry.register(
+            "requests",
+            "Requests by outcome (ok, database_error, error code...)",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Request latency from REQUEST to END",
+            latency.clone(),
+        );
+        registry.register(
+            "queue_wait_seconds",
+            "Time requests waited for an idle worker",
+            queue_wait.clone(),
+        );
+        registry.register("queue_depth", "Requests waiting for a worker", queue_depth.clone());
+        registry.register("slots", "Worker slots by state", slots.clone());
+        registry.register(
+            "worker_respawns",
+            "Worker processes started to refill a slot",
+            respawns.clone(),
+        );
+        registry.register(
+            "worker_recycles",
+            "Workers retired by max_requests/max_age",
+            recycles.clone(),
+        );
+        registry.register(
+            "worker_fatal_exits",
+            "Workers that exited after a fatal database error",
+            fatal_exits.clone(),
+        );
+        registry.register(
+            "worker_kills",
+            "Workers killed by the dispatcher (timeouts, lost links)",
+            worker_kills.clone(),
+        );
+        registry.register(
+            "bytes_to_clients",
+            "Payload bytes relayed to clients",
+            bytes_to_clients.clone(),
+        );
+        registry.register(
+            "bytes_from_clients",
+            "Payload bytes received from clients",
+            bytes_from_clients.clone(),
+        );
+        registry.register(
+            "client_connections",
+            "Open client connections",
+            client_connections.clone(),
+        );
+        registry.register("streams_opened", "Client streams opened", streams_opened.clone());
+        registry.register(
+            "streams_closed",
+            "Client streams closed with a terminal frame",
+            streams_closed.clone(),
+        );
+        registry.register("streams_open", "Client streams open now", streams_open.clone());
+        Metrics {
+            registry,
+            requests,
+            latency,
+            queue_wait,
+            queue_depth,
+            slots,
+            respawns,
+            recycles,
+            fatal_exits,
+            worker_kills,
+            bytes_to_clients,
+            bytes_from_clients,
+            client_connections,
+            streams_opened,
+            streams_closed,
+            streams_open,
+        }
+    }
+
+    pub fn slot_state(&self, state: SlotState) -> Gauge {
+        let state = match state {
+            SlotState::Starting => "starting",
+            SlotState::Idle => "idle",
+            SlotState::Busy => "busy",
+            SlotState::Quitting => "quitting",
+        };
+        self.slots.get_or_create(&StateLabel { state }).clone()
+    }
+
+    pub fn outcome(&self, outcome: &'static str) {
+        self.requests.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

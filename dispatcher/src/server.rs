@@ -1,0 +1,288 @@
+//! Start-up, the accept loops, signals and the graceful drain.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use osprey_client::local::{runtime_dir, Credentials};
+use osprey_protocol::{Backend, WorkerSettings};
+use osprey_sandbox::Sandbox;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Semaphore;
+use tokio::time::{sleep, Instant};
+use tracing::{error, info, warn};
+
+use crate::admin::{self, AdminState};
+use crate::config::{self, Config};
+use crate::ctx::{random_token, Ctx};
+use crate::listen;
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+use crate::supervisor::Supervisor;
+
+/// How long workers get to finish the quit handshake at shutdown before they are killed.
+const WORKER_QUIT_LIMIT: Duration = Duration::from_secs(10);
+
+pub struct Options {
+    pub config: Config,
+    pub config_path: Option<PathBuf>,
+}
+
+pub async fn run(opts: Options) -> anyhow::Result<()> {
+    let Options { config, config_path } = opts;
+    config.validate()?;
+    let metrics = Arc::new(Metrics::new());
+
+    // With no backend configured, bring up a local MariaDB sandbox: the embedded
+    // default for a first run. It lives (and dies) with this process.
+    let (backend, _sandbox) = match &config.backend {
+        Some(b) => (b.clone(), None),
+        None => {
+            info!("no [backend] configured: starting a local MariaDB sandbox (primary + 1 replica)");
+            let sandbox = Sandbox::start(1)
+                .await
+                .context("starting the embedded MariaDB sandbox")?;
+            let p = sandbox.primary();
+            let b = config::Backend {
+                name: "sandbox-primary".into(),
+                host: p.host().to_string(),
+                port: p.port(),
+                user: p.user().to_string(),
+                password: p.password().to_string(),
+                database: Some(p.database().to_string()),
+                connect_timeout_ms: 5_000,
+            };
+            info!(url = %p.url(), "sandbox primary ready");
+            (b, Some(sandbox))
+        }
+    };
+
+    let dir = config.listen.runtime_dir.clone().unwrap_or_else(runtime_dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating runtime dir {}", dir.display()))?;
+    let (client_tokens, admin_token) = tokens(&config, &dir)?;
+
+    let worker_binary = match &config.pool.worker_binary {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("osprey-worker"),
+    };
+    if !worker_binary.exists() {
+        bail!(
+            "worker binary {} not found (set pool.worker_binary)",
+            worker_binary.display()
+        );
+    }
+
+    let socket_path = dir.join(format!("worker-{}.sock", std::process::id()));
+    let worker_listener = listen::bind_worker_socket(&socket_path)
+        .with_context(|| format!("binding worker socket {}", socket_path.display()))?;
+    let client_listener = listen::bind_tcp(config.listen.client, 1024)
+        .with_context(|| format!("binding client listener {}", config.listen.client))?;
+    let admin_listener = listen::bind_tcp(config.listen.admin, 128)
+        .with_context(|| format!("binding admin listener {}", config.listen.admin))?;
+
+    let worker_settings = WorkerSettings {
+        backend: Backend {
+            name: backend.name.clone(),
+            host: backend.host.clone(),
+            port: backend.port,
+            user: backend.user.clone(),
+            password: backend.password.clone(),
+            database: backend.database.clone(),
+        },
+        max_requests: config.pool.max_requests,
+        max_age_ms: config.pool.max_age_s * 1000,
+        batch_rows: config.pool.batch_rows,
+        batch_bytes: config.pool.batch_bytes,
+        connect_timeout_ms: backend.connect_timeout_ms,
+    };
+    let initial = config.initial_pool_size();
+    let pool = Pool::new(0, config.pool.queue_capacity, backend.name.clone(), metrics.clone());
+    let ctx = Arc::new(Ctx::new(
+        config.clone(),
+        pool,
+        metrics,
+        client_tokens,
+        admin_token,
+        random_token(),
+        worker_settings,
+    ));
+    let supervisor = Supervisor::new(ctx.clone(), worker_binary, socket_path.clone());
+    supervisor.resize(initial);
+    tokio::spawn(supervisor.clone().run_elastic());
+
+    let admin_task = tokio::spawn({
+        let state = AdminState {
+            ctx: ctx.clone(),
+            supervisor: supervisor.clone(),
+        };
+        let stop = ctx.abort.clone();
+        async move {
+            let app = admin::router(state);
+            if let Err(e) = axum::serve(admin_listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+            {
+                error!("admin server failed: {e}");
+            }
+        }
+    });
+    tokio::spawn(accept_workers(ctx.clone(), worker_listener));
+    let clients_task = tokio::spawn(accept_clients(ctx.clone(), client_listener));
+    tokio::spawn(signals(ctx.clone(), supervisor.clone(), config_path));
+
+    info!(
+        client = %config.listen.client,
+        admin = %config.listen.admin,
+        backend = %format!("{}:{}", backend.host, backend.port),
+        slots = initial,
+        runtime_dir = %dir.display(),
+        "osprey dispatcher ready"
+    );
+
+    // systemd (Type=notify): ready once every listener is bound.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+
+    ctx.draining.cancelled().await;
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    info!("draining: no new connections, GOAWAY to clients, in-flight requests finish");
+    // Closing the listener hands new connections to a dispatcher bound beside us.
+    clients_task.abort();
+    let drain_deadline = Instant::now() + Duration::from_millis(ctx.config.timeouts.drain_timeout_ms);
+    while ctx.metrics.client_connections.get() > 0 && Instant::now() < drain_deadline && !ctx.abort.is_cancelled() {
+        sleep(Duration::from_millis(20)).await;
+    }
+    if ctx.metrics.client_connections.get() > 0 {
+        warn!(
+            open = ctx.metrics.streams_open.get(),
+            "drain_timeout passed; failing what is left"
+        );
+    }
+    ctx.abort.cancel();
+    ctx.pool.shutdown();
+    if !supervisor.wait_all(WORKER_QUIT_LIMIT).await {
+        warn!("workers did not quit in time; killing them");
+        supervisor.abort_all();
+    }
+    let _ = admin_task.await;
+    let _ = std::fs::remove_file(&socket_path);
+    info!("dispatcher stopped");
+    Ok(())
+}
+
+/// Configured tokens, or generated ones written to the local credentials file.
+fn tokens(config: &Config, dir: &std::path::Path) -> anyhow::Result<(Vec<String>, String)> {
+    let mut client_tokens = config.auth.client_tokens.clone();
+    let mut admin_token = config.auth.admin_token.clone();
+    let generated = client_tokens.is_empty() || admin_token.is_none();
+    if client_tokens.is_empty() {
+        client_tokens.push(random_token());
+    }
+    let admin_token = admin_token.get_or_insert_with(random_token).clone();
+    if generated {
+        let creds = Credentials {
+            client_token: client_tokens[0].clone(),
+            admin_token: admin_token.clone(),
+        };
+        creds
+            .store(dir)
+            .with_context(|| format!("writing {}", Credentials::path(dir).display()))?;
+        info!(file = %Credentials::path(dir).display(), "generated tokens written");
+    }
+    Ok((client_tokens, admin_token))
+}
+
+async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener) {
+    let limit = Arc::new(Semaphore::new(ctx.config.limits.max_client_connections));
+    loop {
+        let (socket, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                warn!("accept failed: {e}");
+                sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match limit.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(crate::client_conn::serve(ctx.clone(), socket, permit));
+            }
+            Err(_) => warn!(%peer, "max_client_connections reached; closing new connection"),
+        }
+    }
+}
+
+async fn accept_workers(ctx: Arc<Ctx>, listener: UnixListener) {
+    loop {
+        match listener.accept().await {
+            Ok((socket, _)) => {
+                tokio::spawn(crate::worker_link::serve(ctx.clone(), socket));
+            }
+            Err(e) => {
+                warn!("worker accept failed: {e}");
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn signals(ctx: Arc<Ctx>, supervisor: Arc<Supervisor>, config_path: Option<PathBuf>) {
+    let (Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::quit()),
+        signal(SignalKind::hangup()),
+    ) else {
+        error!("cannot install signal handlers");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => stop_signal(&ctx, "SIGTERM"),
+            _ = int.recv() => stop_signal(&ctx, "SIGINT"),
+            _ = quit.recv() => {
+                warn!("SIGQUIT: fast shutdown");
+                ctx.draining.cancel();
+                ctx.abort.cancel();
+            }
+            _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref()),
+        }
+    }
+}
+
+/// First SIGTERM/SIGINT drains; a second one while draining stops at once.
+fn stop_signal(ctx: &Ctx, name: &str) {
+    if ctx.draining.is_cancelled() {
+        warn!("{name} again: failing in-flight requests and stopping now");
+        ctx.abort.cancel();
+    } else {
+        info!("{name}: graceful drain");
+        ctx.draining.cancel();
+    }
+}
+
+/// SIGHUP: re-read the config file and apply the pool size.
+fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path>) {
+    let Some(path) = path else {
+        warn!("SIGHUP: no --config file to reload");
+        return;
+    };
+    match Config::load(path) {
+        Ok(new) => {
+            let size = new.initial_pool_size();
+            if new.pool.min.is_some() != ctx.config.pool.min.is_some() {
+                warn!("SIGHUP: switching between fixed and elastic pool needs a restart");
+            }
+            if size != ctx.pool.target_size() {
+                info!(size, "SIGHUP: resizing pool");
+                supervisor.resize(size);
+            }
+            if new.backend != ctx.config.backend || new.listen != ctx.config.listen || new.auth != ctx.config.auth {
+                warn!("SIGHUP: backend, listen and auth changes need a restart; ignored");
+            }
+        }
+        Err(e) => error!("SIGHUP: config not reloaded: {e}"),
+    }
+}

@@ -1,0 +1,233 @@
+//! Worker processes: one task per slot spawns the real `osprey-worker` binary,
+//! watches it, kills it when told, and refills the slot when it exits — at once
+//! after a normal exit, with exponential back-off when the slot crash-loops.
+//! It also runs the elastic sizing loop.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::{sleep, Instant};
+use tracing::{error, info, warn, Instrument};
+
+use crate::ctx::Ctx;
+
+/// Worker exit codes (see the worker's crate docs).
+const EXIT_FATAL_DB: i32 = 2;
+const EXIT_BACKEND_UNAVAILABLE: i32 = 3;
+/// A worker that dies abnormally sooner than this after its start counts as crash-looping.
+const HEALTHY_LIFETIME: Duration = Duration::from_secs(5);
+
+pub struct Supervisor {
+    ctx: Arc<Ctx>,
+    worker_binary: PathBuf,
+    socket_path: PathBuf,
+    tasks: std::sync::Mutex<JoinSet<()>>,
+}
+
+impl Supervisor {
+    pub fn new(ctx: Arc<Ctx>, worker_binary: PathBuf, socket_path: PathBuf) -> Arc<Supervisor> {
+        Arc::new(Supervisor {
+            ctx,
+            worker_binary,
+            socket_path,
+            tasks: std::sync::Mutex::new(JoinSet::new()),
+        })
+    }
+
+    /// Sets the number of slots: starts tasks for new slots; extra slots retire
+    /// through the quit handshake (their tasks end when the process exits).
+    pub fn resize(self: &Arc<Self>, size: usize) {
+        let created = self.ctx.pool.resize(size);
+        info!(size, new_slots = created.len(), "pool resized");
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        for index in created {
+            let (kill_tx, kill_rx) = mpsc::unbounded_channel();
+            self.ctx.pool.add_slot(index, kill_tx);
+            let sup = self.clone();
+            tasks.spawn(
+                async move { sup.run_slot(index, kill_rx).await }.instrument(tracing::info_span!("slot", slot = index)),
+            );
+        }
+    }
+
+    /// Waits until every slot task has ended (after `Pool::shutdown`).
+    pub async fn wait_all(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            let finished = {
+                let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+                while tasks.try_join_next().is_some() {}
+                tasks.is_empty()
+            };
+            if finished {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Kills every worker at once (second signal, or the quit handshake took too long).
+    pub fn abort_all(&self) {
+        self.tasks.lock().unwrap_or_else(|e| e.into_inner()).abort_all();
+    }
+
+    async fn run_slot(self: Arc<Self>, index: u32, mut kill_rx: mpsc::UnboundedReceiver<&'static str>) {
+        let cfg = &self.ctx.config.pool;
+        let min_backoff = Duration::from_millis(cfg.respawn_backoff_min_ms);
+        let max_backoff = Duration::from_millis(cfg.respawn_backoff_max_ms);
+        let mut backoff = min_backoff;
+        let mut first = true;
+        loop {
+            let Some(generation) = self.ctx.pool.begin_spawn(index) else {
+                return;
+            };
+            if !first {
+                self.ctx.metrics.respawns.inc();
+            }
+            first = false;
+            // Kill requests aimed at the previous process are stale now.
+            while kill_rx.try_recv().is_ok() {}
+            let started = Instant::now();
+            let status = match self.spawn(index).await {
+                Ok(child) => {
+                    let pid = child.id().unwrap_or(0);
+                    self.ctx.pool.set_pid(index, generation, pid);
+                    info!(pid, generation, "worker started");
+                    self.watch(child, index, generation, &mut kill_rx).await
+                }
+                Err(e) => {
+                    error!("cannot start worker {}: {e}", self.worker_binary.display());
+                    None
+                }
+            };
+            let code = status.and_then(|s| s.code());
+            if code == Some(EXIT_FATAL_DB) {
+                self.ctx.metrics.fatal_exits.inc();
+            }
+            if !self.ctx.pool.process_exited(index, generation) {
+                info!(?status, "slot retired");
+                return;
+            }
+            let crashed = code != Some(0);
+            if crashed && (started.elapsed() < HEALTHY_LIFETIME || code == Some(EXIT_BACKEND_UNAVAILABLE)) {
+                warn!(
+                    ?status,
+                    backoff_ms = backoff.as_millis() as u64,
+                    "worker crash-looping; backing off"
+                );
+                tokio::select! {
+                    _ = sleep(backoff) => {}
+                    _ = self.ctx.draining.cancelled() => {}
+                }
+                backoff = (backoff * 2).min(max_backoff);
+            } else {
+                if crashed {
+                    warn!(?status, "worker exited abnormally; respawning");
+                }
+                backoff = min_backoff;
+            }
+        }
+    }
+
+    async fn spawn(&self, index: u32) -> std::io::Result<Child> {
+        let mut cmd = Command::new(&self.worker_binary);
+        cmd.arg("--socket")
+            .arg(&self.socket_path)
+            .arg("--slot")
+            .arg(index.to_string())
+            .env("RUST_LOG", &self.ctx.config.pool.worker_log)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            // Own process group: a Ctrl-C or a signal to the dispatcher's group must
+            // not reach workers; their lifecycle is the quit handshake.
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Workers die with the dispatcher. PDEATHSIG fires when the *thread*
+                // that forked exits; we spawn from runtime worker threads, which live
+                // as long as the dispatcher (never from spawn_blocking threads).
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        // The secret goes over a pipe: not visible in ps or /proc/PID/environ.
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(self.ctx.secret.as_bytes()).await?;
+            stdin.write_all(b"\n").await?;
+        }
+        Ok(child)
+    }
+
+    async fn watch(
+        &self,
+        mut child: Child,
+        index: u32,
+        generation: u64,
+        kill_rx: &mut mpsc::UnboundedReceiver<&'static str>,
+    ) -> Option<ExitStatus> {
+        let register_deadline = Instant::now() + Duration::from_millis(self.ctx.config.pool.register_timeout_ms);
+        let mut checking_registration = true;
+        loop {
+            tokio::select! {
+                status = child.wait() => return status.ok(),
+                Some(why) = kill_rx.recv() => {
+                    warn!(pid = child.id(), "killing worker: {why}");
+                    let _ = child.start_kill();
+                }
+                _ = tokio::time::sleep_until(register_deadline), if checking_registration => {
+                    checking_registration = false;
+                    if !self.ctx.pool.is_ready(index, generation) {
+                        warn!(pid = child.id(), "worker did not register in time; killing it");
+                        let _ = child.start_kill();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Elastic mode: grow while requests wait, shrink after sustained idleness.
+    pub async fn run_elastic(self: Arc<Self>) {
+        let (Some(min), Some(max)) = (self.ctx.config.pool.min, self.ctx.config.pool.max) else {
+            return;
+        };
+        let shrink_after = Duration::from_secs(self.ctx.config.pool.shrink_after_s.max(1));
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.ctx.draining.cancelled() => return,
+            }
+            let size = self.ctx.pool.target_size();
+            if self.ctx.pool.queue_depth() > 0 {
+                idle_since = None;
+                if size < max {
+                    self.resize(size + 1);
+                }
+            } else if self.ctx.pool.idle_count() > 0 && size > min {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= shrink_after {
+                    self.resize(size - 1);
+                    idle_since = Some(Instant::now());
+                }
+            } else {
+                idle_since = None;
+            }
+        }
+    }
+}
