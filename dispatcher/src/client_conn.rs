@@ -26,6 +26,9 @@ use crate::streams::{ClientShared, OpenError};
 type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
 type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
 
+/// Largest frame accepted before the client has authenticated.
+const HANDSHAKE_MAX_PAYLOAD: usize = 64 * 1024;
+
 /// While draining, how often a connection checks whether its last stream ended.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 
@@ -37,12 +40,13 @@ pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, _permit: OwnedSemaphorePerm
     async move {
         ctx.metrics.client_connections.inc();
         let (rd, wr) = socket.into_split();
-        let codec = FrameCodec::new(ctx.config.limits.max_payload);
-        let mut reader = FramedRead::new(rd, codec.clone());
-        let mut writer = FramedWrite::new(wr, codec);
+        // Until a client has authenticated it may not make us buffer more than a HELLO.
+        let mut reader = FramedRead::new(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD));
+        let mut writer = FramedWrite::new(wr, FrameCodec::new(ctx.config.limits.max_payload));
         match handshake(&ctx, id, &mut reader, &mut writer).await {
             Ok(name) => {
                 debug!(?name, "client connected");
+                reader.decoder_mut().set_max_payload(ctx.config.limits.max_payload);
                 run(&ctx, id, reader, writer).await;
             }
             Err(body) => {

@@ -27,6 +27,11 @@ impl FrameCodec {
     pub fn max_payload(&self) -> usize {
         self.max_payload
     }
+
+    /// Changes the bound, e.g. to raise it once a peer has authenticated.
+    pub fn set_max_payload(&mut self, max_payload: usize) {
+        self.max_payload = max_payload;
+    }
 }
 
 impl Decoder for FrameCodec {
