@@ -1,1 +1,120 @@
+//! Osprey client SDK.
+//!
+//! A [`Client`] keeps one multiplexed TCP connection to an Osprey dispatcher and runs
+//! every request as a stream on it. It reconnects by itself (next address in the
+//! list, exponential back-off with jitter), moves to a new connection after
+//! `GOAWAY`, resends what provably never reached a database, and never leaves a
+//! request hanging: every call ends with a result or an [`Error`].
+//!
+//! ```no_run
+//! use osprey_client::{params, Client, ClientConfig};
+//! # async fn f() -> Result<(), osprey_client::Error> {
+//! let client = Client::connect(ClientConfig::new("127.0.0.1:7400", "token")).await?;
+//! let id = client.execute("INSERT INTO t (v) VALUES (?)", &params!["x"]).await?.last_insert_id;
+//! let rows: Vec<(i64, String)> = client.query_as("SELECT id, v FROM t", &[]).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Retries
+//!
+//! * A request not yet written to a connection that dies (or that received `GOAWAY`)
+//!   is sent on the next connection.
+//! * A request written to a connection that then dies is resent if it is marked
+//!   `idempotent` (up to `max_retries`); otherwise it fails with `OUTCOME_UNKNOWN`
+//!   (origin `client`, `dispatched() == true`).
+//! * A dispatcher `ERROR` with `dispatched == false` and code `SHUTTING_DOWN`,
+//!   `WORKER_LOST` or `BACKEND_UNAVAILABLE` is retried after a back-off (up to
+//!   `max_retries`). `QUEUE_FULL` and `QUEUE_TIMEOUT` are returned to the caller.
+//! * A [`RowStream`] is resent only until it has yielded its first item.
+//!
+//! # Cancellation
+//!
+//! Dropping a request future or a [`RowStream`] before the request ended sends
+//! `CANCEL` on its stream; the `ERROR`+`END` that follows is swallowed. The stream id
+//! and its place under `max_streams` are released when `END` arrives (or the
+//! connection dies), not before.
+//!
+//! # Backpressure
+//!
+//! The protocol has no per-stream flow control, so the bound is this: each stream
+//! buffers at most [`ClientConfig::stream_buffer`] frames (default 16; a `ROWS` frame
+//! holds at most the dispatcher's batch size) between the connection and its reader.
+//! A slow reader slows only its own stream until that buffer is full; then the
+//! connection stops reading the socket until the reader makes room, which (through
+//! TCP) pauses the whole connection. Keepalive-timeout detection is suspended while
+//! the connection is paused that way. Read streams promptly, or drop them.
+//!
+//! # Keepalive
+//!
+//! The client sends `PING` every `keepalive_interval` (or the dispatcher's
+//! `keepalive_interval_ms` if shorter) and answers the dispatcher's `PING`. When no
+//! frame at all arrives for `keepalive_timeout`, the connection is declared dead.
 
+mod client;
+pub mod config;
+mod connection;
+pub mod error;
+pub mod local;
+pub mod retry;
+pub mod rows;
+mod stream;
+
+use std::time::Duration;
+
+pub use client::{Client, ClientStats};
+pub use config::{ClientConfig, DEFAULT_ADDR, DEFAULT_ADMIN_ADDR};
+pub use error::Error;
+pub use osprey_protocol::{Column, ErrorCode, Origin, Request, Statement, Value};
+pub use rows::{display_value, value_to_json, FromRow, FromValue, IntoParam, ResultSetMeta, Row};
+pub use stream::{BatchResult, ExecResult, QueryResult, ResultSet, RowStream, StreamItem};
+
+/// One statement of a [`Client::batch`].
+pub fn statement(sql: impl Into<String>, params: Vec<Value>) -> Statement {
+    Statement {
+        sql: sql.into(),
+        params,
+    }
+}
+
+/// Builder-style setters for [`Request`].
+///
+/// ```
+/// use osprey_client::{params, Request, RequestExt};
+/// let r = Request::sql("SELECT ?").with_params(params![1]).with_idempotent(true);
+/// assert!(r.idempotent);
+/// ```
+pub trait RequestExt: Sized {
+    /// Positional parameters for the `?` placeholders.
+    fn with_params(self, params: Vec<Value>) -> Self;
+    /// A read: may go to a replica outside a transaction.
+    fn with_read_only(self, yes: bool) -> Self;
+    /// Safe to run twice: may be resent after a lost connection.
+    fn with_idempotent(self, yes: bool) -> Self;
+    /// Route to the primary whatever the read/write split says.
+    fn with_force_primary(self, yes: bool) -> Self;
+    /// Per-request timeout (sent as `timeout_ms`, enforced locally too).
+    fn with_timeout(self, timeout: Duration) -> Self;
+}
+
+impl RequestExt for Request {
+    fn with_params(mut self, params: Vec<Value>) -> Self {
+        self.params = params;
+        self
+    }
+    fn with_read_only(mut self, yes: bool) -> Self {
+        self.read_only = yes;
+        self
+    }
+    fn with_idempotent(mut self, yes: bool) -> Self {
+        self.idempotent = yes;
+        self
+    }
+    fn with_force_primary(mut self, yes: bool) -> Self {
+        self.force_primary = yes;
+        self
+    }
+    fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout_ms = (timeout.as_millis() as u64).max(1);
+        self
+    }
+}

@@ -1,1 +1,362 @@
-fn main() {}
+//! `osprey-worker`: one process per pool slot, holding one database session and running
+//! one request at a time for the dispatcher.
+//!
+//! # Invocation
+//!
+//! `osprey-worker --socket <unix socket path> --slot <n>`; the per-boot secret is the first
+//! line of stdin (so it shows neither in `ps` nor in `/proc/PID/environ`); the rest of stdin
+//! is ignored. Logs go to stderr, filtered by `RUST_LOG` (default `info`).
+//!
+//! # Life cycle
+//!
+//! 1. Connect to the socket, send `HELLO {role: worker, secret, slot, pid}`, wait for
+//!    `HELLO_ACK` carrying `WorkerSettings`.
+//! 2. Open the database session (within `connect_timeout_ms`), then send
+//!    `READY {db_connection_id, server_version}`. If it cannot be opened: `ERROR` on stream 0
+//!    (origin `worker`, `BACKEND_UNAVAILABLE`) and exit 3.
+//! 3. Serve `REQUEST`s one at a time; answer `PING` at once and act on `CANCEL` even while a
+//!    statement runs; send a `PING` when nothing was written for `keepalive_interval_ms`.
+//! 4. Past `max_requests` or `max_age_ms`, send `QUIT_REQUEST` once, keep serving, exit 0 on
+//!    `QUIT_NOW` (or on `GOAWAY`, which is handled once the requests before it are answered).
+//!
+//! # Exit codes (the dispatcher relies on them)
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | normal: `QUIT_NOW`/`GOAWAY`, the link closed, or nothing heard for 3 × keepalive |
+//! | 1 | internal or protocol error (bad arguments, no secret, bad input from the dispatcher) |
+//! | 2 | fatal database error, after the request in flight was answered (`DATABASE_FATAL`) |
+//! | 3 | database unreachable at start (after `ERROR BACKEND_UNAVAILABLE` on stream 0) |
+//! | 4 | registration refused (`ERROR` on stream 0 instead of `HELLO_ACK`) |
+
+mod cancel;
+mod convert;
+mod execute;
+mod link;
+mod recycle;
+mod session;
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use mysql_async::prelude::Queryable;
+use osprey_protocol::{
+    ErrorBody, ErrorCode, Frame, Hello, Kind, Origin, QuitRequest, Ready, Role, WorkerSettings, PROTOCOL_MAJOR,
+    PROTOCOL_MINOR,
+};
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+use tracing::{error, info, info_span, warn, Instrument};
+
+use crate::cancel::Tracker;
+use crate::execute::{BatchLimits, Executor, Outcome};
+use crate::link::{Event, LinkEnd, Outbox, RegisterError};
+use crate::recycle::Recycler;
+use crate::session::Killer;
+
+/// Process exit codes.
+pub mod exit {
+    pub const OK: i32 = 0;
+    pub const INTERNAL: i32 = 1;
+    pub const DATABASE_FATAL: i32 = 2;
+    pub const DATABASE_UNREACHABLE: i32 = 3;
+    pub const REFUSED: i32 = 4;
+}
+
+/// An idle session is checked with `COM_PING` this often at least (catches a session the
+/// server closed, e.g. by `wait_timeout`, before a request is sent on it).
+const MIN_IDLE_CHECK: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+struct Args {
+    socket: PathBuf,
+    slot: u32,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> anyhow::Result<Args> {
+    let (mut socket, mut slot) = (None, None);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--socket" => socket = Some(PathBuf::from(args.next().context("--socket needs a path")?)),
+            "--slot" => {
+                slot = Some(
+                    args.next()
+                        .context("--slot needs a number")?
+                        .parse()
+                        .context("--slot")?,
+                )
+            }
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    Ok(Args {
+        socket: socket.context("--socket is required")?,
+        slot: slot.context("--slot is required")?,
+    })
+}
+
+fn read_secret() -> anyhow::Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .context("reading the secret from stdin")?;
+    let secret = line.trim_end_matches(['\n', '\r']).to_owned();
+    if secret.is_empty() {
+        bail!("no secret on stdin");
+    }
+    Ok(secret)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let started = Instant::now();
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            error!("{e:#}; usage: osprey-worker --socket <path> --slot <n> (secret on stdin)");
+            std::process::exit(exit::INTERNAL);
+        }
+    };
+    let secret = match read_secret() {
+        Ok(s) => s,
+        Err(e) => {
+            error!("{e:#}");
+            std::process::exit(exit::INTERNAL);
+        }
+    };
+    let span = info_span!("worker", slot = args.slot);
+    let code = run(args, secret, started).instrument(span).await;
+    std::process::exit(code);
+}
+
+async fn run(args: Args, secret: String, started: Instant) -> i32 {
+    let hello = Hello {
+        version_major: PROTOCOL_MAJOR,
+        version_minor: PROTOCOL_MINOR,
+        role: Role::Worker,
+        token: None,
+        secret: Some(secret),
+        slot: Some(args.slot),
+        pid: Some(std::process::id()),
+        name: Some(format!("osprey-worker/{}", args.slot)),
+    };
+    let reg = match link::register(&args.socket, &hello).await {
+        Ok(r) => r,
+        Err(RegisterError::Refused(body)) => {
+            error!(%body, "registration refused");
+            return exit::REFUSED;
+        }
+        Err(e) => {
+            error!(error = %e, "registration failed");
+            return exit::INTERNAL;
+        }
+    };
+    let Some(settings) = reg.ack.worker.clone() else {
+        return exit::INTERNAL; // register() checked it
+    };
+    info!(connection_id = reg.ack.connection_id, backend = %settings.backend.name, "registered");
+
+    // 0 would mean "no keepalive"; treat it as "very long" rather than spin.
+    let keepalive = match reg.ack.keepalive_interval_ms {
+        0 => Duration::from_secs(3600),
+        ms => Duration::from_millis(ms),
+    };
+    let max_payload = reg.ack.max_payload as usize;
+    let (outbox, out_rx) = Outbox::new();
+    let tracker = Tracker::default();
+    let (ev_tx, ev_rx) = mpsc::channel(16);
+    let mut writer = tokio::spawn(link::write_loop(reg.writer, out_rx, keepalive));
+    let mut reader = tokio::spawn(link::read_loop(
+        reg.reader,
+        ev_tx,
+        outbox.clone(),
+        tracker.clone(),
+        keepalive * 3,
+    ));
+
+    let serving = serve(settings, outbox, tracker, ev_rx, started, keepalive, max_payload);
+    tokio::select! {
+        end = &mut reader => match end {
+            Ok(e @ (LinkEnd::Closed | LinkEnd::Silent(_))) => {
+                info!("{e}; exiting");
+                exit::OK
+            }
+            Ok(e @ LinkEnd::Protocol(_)) => {
+                error!("{e}");
+                exit::INTERNAL
+            }
+            Err(e) => {
+                error!(error = %e, "reader task failed");
+                exit::INTERNAL
+            }
+        },
+        end = &mut writer => {
+            match end {
+                Ok(Ok(())) => info!("link closed; exiting"),
+                Ok(Err(e)) => info!(error = %e, "link write failed; exiting"),
+                Err(e) => error!(error = %e, "writer task failed"),
+            }
+            exit::OK
+        }
+        code = serving => code,
+    }
+}
+
+async fn serve(
+    settings: WorkerSettings,
+    outbox: Outbox,
+    tracker: Tracker,
+    mut events: mpsc::Receiver<Event>,
+    started: Instant,
+    keepalive: Duration,
+    max_payload: usize,
+) -> i32 {
+    let backend = &settings.backend;
+    let opts = session::opts(backend);
+    let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
+    let opened = async {
+        let mut conn = session::connect(backend, &opts, connect_timeout).await?;
+        let version: Option<String> =
+            conn.query_first("SELECT VERSION()")
+                .await
+                .map_err(|source| session::SessionError::Connect {
+                    backend: backend.name.clone(),
+                    source,
+                })?;
+        Ok::<_, session::SessionError>((conn, version.unwrap_or_default()))
+    };
+    let (conn, server_version) = match opened.await {
+        Ok(c) => c,
+        Err(e) => {
+            error!(error = %e, "database unreachable");
+            let body = ErrorBody::undispatched(Origin::Worker, ErrorCode::BackendUnavailable, e.to_string());
+            let _ = outbox.send(Frame::new(Kind::Error, 0, &body)).await;
+            let _ = outbox.sync().await;
+            return exit::DATABASE_UNREACHABLE;
+        }
+    };
+    let db_connection_id = conn.id();
+    info!(db_connection_id, %server_version, "database session open");
+    tracker.set_killer(Killer {
+        opts: opts.clone(),
+        conn_id: db_connection_id,
+        timeout: connect_timeout,
+    });
+    let mariadb = server_version.contains("MariaDB");
+    if outbox
+        .send(Frame::new(
+            Kind::Ready,
+            0,
+            &Ready {
+                db_connection_id,
+                server_version,
+            },
+        ))
+        .await
+        .is_err()
+    {
+        return exit::OK;
+    }
+
+    let limits = BatchLimits {
+        rows: settings.batch_rows as usize,
+        bytes: settings.batch_bytes as usize,
+        max_payload,
+    };
+    let mut exec = Executor::new(conn, outbox.clone(), tracker, limits, mariadb);
+    let mut recycler = Recycler::new(settings.max_requests, settings.max_age_ms, started);
+    let idle_check = keepalive.max(MIN_IDLE_CHECK);
+    let mut last_db_use = Instant::now();
+
+    loop {
+        let age_deadline = recycler.deadline();
+        tokio::select! {
+            ev = events.recv() => match ev {
+                None => return exit::OK, // the reader ended; run() reports why
+                Some(Event::Request(frame)) => {
+                    let span = info_span!("request", stream = frame.stream);
+                    let outcome = match exec.serve(frame).instrument(span).await {
+                        Ok(o) => o,
+                        Err(_) => return exit::OK,
+                    };
+                    last_db_use = Instant::now();
+                    recycler.served_one();
+                    if outcome == Outcome::Fatal {
+                        let _ = outbox.sync().await;
+                        return exit::DATABASE_FATAL;
+                    }
+                    if ask_to_quit(&mut recycler, &outbox, "").await.is_err() {
+                        return exit::OK;
+                    }
+                }
+                Some(ev @ (Event::QuitNow | Event::GoAway)) => {
+                    info!(event = ?ev, served = recycler.served(), "quitting");
+                    exec.close().await;
+                    let _ = outbox.sync().await;
+                    return exit::OK;
+                }
+            },
+            _ = sleep_until(age_deadline.unwrap_or(last_db_use)), if age_deadline.is_some() => {
+                if ask_to_quit(&mut recycler, &outbox, "").await.is_err() {
+                    return exit::OK;
+                }
+            }
+            _ = sleep_until(last_db_use + idle_check) => {
+                last_db_use = Instant::now();
+                if let Err(e) = exec.check_idle().await {
+                    warn!(error = %e, "idle database session lost");
+                    if ask_to_quit(&mut recycler, &outbox, "database_lost").await.is_err() {
+                        return exit::OK;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sends `QUIT_REQUEST` once: for `forced` if non-empty, else if the recycling policy says so.
+async fn ask_to_quit(recycler: &mut Recycler, outbox: &Outbox, forced: &'static str) -> Result<(), link::LinkGone> {
+    let now = Instant::now();
+    let reason = match (forced, recycler.due(now)) {
+        ("", None) => return Ok(()),
+        ("", Some(r)) => r,
+        (_, _) if recycler.asked() => return Ok(()),
+        (f, _) => f,
+    };
+    recycler.mark_asked();
+    let age_ms = recycler.age(now).as_millis() as u64;
+    info!(reason, served = recycler.served(), age_ms, "asking to retire");
+    let body = QuitRequest {
+        reason: reason.to_owned(),
+        requests_served: recycler.served(),
+        age_ms,
+    };
+    outbox.send(Frame::new(Kind::QuitRequest, 0, &body)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> anyhow::Result<Args> {
+        parse_args(v.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn arguments() {
+        let a = args(&["--socket", "/tmp/x.sock", "--slot", "3"]).unwrap();
+        assert_eq!(a.socket, PathBuf::from("/tmp/x.sock"));
+        assert_eq!(a.slot, 3);
+        assert!(args(&["--socket", "/tmp/x.sock"]).is_err());
+        assert!(args(&["--slot", "x", "--socket", "/s"]).is_err());
+        assert!(args(&["--bogus"]).is_err());
+    }
+}

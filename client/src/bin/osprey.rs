@@ -1,1 +1,459 @@
-fn main() {}
+//! `osprey`: run SQL through a dispatcher and drive its admin API.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use clap::{Parser, Subcommand};
+use osprey_client::local::{runtime_dir, Credentials};
+use osprey_client::{display_value, Client, ClientConfig, Error, QueryResult, Value};
+use serde::Deserialize;
+
+#[derive(Parser, Debug)]
+#[command(name = "osprey", version, about = "Osprey dispatcher client and admin tool")]
+struct Cli {
+    /// Dispatcher client address.
+    #[arg(long, global = true, env = "OSPREY_ADDR", default_value = osprey_client::DEFAULT_ADDR)]
+    addr: String,
+    /// Client token (default: `client_token` from the local credentials file).
+    #[arg(long, global = true, env = "OSPREY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Admin HTTP address.
+    #[arg(long, global = true, env = "OSPREY_ADMIN", default_value = osprey_client::DEFAULT_ADMIN_ADDR)]
+    admin: String,
+    /// Admin token (default: `admin_token` from the local credentials file).
+    #[arg(
+        long = "admin-token",
+        global = true,
+        env = "OSPREY_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    admin_token: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run one SQL statement and print its result.
+    Sql {
+        /// The statement; `?` placeholders take the --param values in order.
+        sql: String,
+        /// Print rows as JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// A parameter: text by default; `null`, `int:N`, `uint:N`, `float:X`, `str:TEXT`
+        /// or `hex:BYTES` for other types.
+        #[arg(long = "param", short = 'p', value_name = "V", allow_hyphen_values = true)]
+        params: Vec<String>,
+        /// Client-side timeout in seconds.
+        #[arg(long)]
+        timeout: Option<f64>,
+    },
+    /// Show the dispatcher's pool and slots.
+    Status {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Worker pool operations.
+    Pool {
+        #[command(subcommand)]
+        cmd: PoolCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PoolCmd {
+    /// Change the number of worker slots.
+    Resize { size: u32 },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn credentials() -> anyhow::Result<Credentials> {
+    let dir = runtime_dir();
+    Credentials::load(&dir).with_context(|| {
+        format!(
+            "no token given and the local credentials file is unreadable (looked in {})",
+            dir.display()
+        )
+    })
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Sql {
+            ref sql,
+            json,
+            ref params,
+            timeout,
+        } => {
+            let token = match cli.token.clone() {
+                Some(t) => t,
+                None => credentials()?.client_token,
+            };
+            let params = params
+                .iter()
+                .map(|p| parse_param(p))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut cfg = ClientConfig::new(cli.addr.clone(), token);
+            cfg.name = format!("osprey-cli[{}]", std::process::id());
+            cfg.connection_wait = cfg.connect_timeout;
+            cfg.request_timeout = timeout.map(Duration::from_secs_f64);
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let result = rt.block_on(async move {
+                let client = Client::connect(cfg).await?;
+                client.query(sql.as_str(), &params).await
+            });
+            match result {
+                Ok(r) => {
+                    print_result(&r, json);
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    print_error(&e);
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        Cmd::Status { json } => {
+            let token = admin_token(&cli)?;
+            let (code, body) = http(&cli.admin, "GET", "/status", &token, None)?;
+            if !(200..300).contains(&code) {
+                eprintln!("admin API answered HTTP {code}: {}", body.trim());
+                return Ok(ExitCode::FAILURE);
+            }
+            if json {
+                println!("{}", body.trim());
+            } else {
+                let st: Status = serde_json::from_str(&body).context("unexpected /status body")?;
+                print!("{}", render_status(&st));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Pool {
+            cmd: PoolCmd::Resize { size },
+        } => {
+            let token = admin_token(&cli)?;
+            let req = serde_json::json!({ "size": size });
+            let (code, body) = http(&cli.admin, "POST", "/pool/size", &token, Some(req))?;
+            if !(200..300).contains(&code) {
+                eprintln!("admin API answered HTTP {code}: {}", body.trim());
+                return Ok(ExitCode::FAILURE);
+            }
+            let new_size = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("size").and_then(|s| s.as_u64()));
+            match new_size {
+                Some(n) => println!("pool size: {n}"),
+                None => println!("pool size: {size} ({})", body.trim()),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn admin_token(cli: &Cli) -> anyhow::Result<String> {
+    match &cli.admin_token {
+        Some(t) => Ok(t.clone()),
+        None => Ok(credentials()?.admin_token),
+    }
+}
+
+fn http(
+    admin: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    json: Option<serde_json::Value>,
+) -> anyhow::Result<(u16, String)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let base = if admin.starts_with("http://") || admin.starts_with("https://") {
+        admin.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{admin}")
+    };
+    let url = format!("{base}{path}");
+    let auth = format!("Bearer {token}");
+    let resp = match (method, json) {
+        ("POST", Some(body)) => agent
+            .post(&url)
+            .header("Authorization", &auth)
+            .header("Content-Type", "application/json")
+            .send(body.to_string()),
+        _ => agent.get(&url).header("Authorization", &auth).call(),
+    };
+    let mut resp = resp.map_err(|e| anyhow!("{method} {url}: {e}"))?;
+    let code = resp.status().as_u16();
+    let body = resp.body_mut().read_to_string().unwrap_or_default();
+    Ok((code, body))
+}
+
+fn parse_param(p: &str) -> anyhow::Result<Value> {
+    let bad = |what: &str| anyhow!("--param {p:?}: not a valid {what}");
+    Ok(if p == "null" {
+        Value::Null
+    } else if let Some(v) = p.strip_prefix("int:") {
+        Value::Int(v.parse().map_err(|_| bad("integer"))?)
+    } else if let Some(v) = p.strip_prefix("uint:") {
+        Value::UInt(v.parse().map_err(|_| bad("unsigned integer"))?)
+    } else if let Some(v) = p.strip_prefix("float:") {
+        Value::Double(v.parse().map_err(|_| bad("number"))?)
+    } else if let Some(v) = p.strip_prefix("str:") {
+        Value::Text(v.to_owned())
+    } else if let Some(v) = p.strip_prefix("hex:") {
+        let v = v.trim_start_matches("0x");
+        if v.len() % 2 != 0 {
+            return Err(bad("hex string"));
+        }
+        let bytes = (0..v.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&v[i..i + 2], 16))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| bad("hex string"))?;
+        Value::Bytes(bytes)
+    } else {
+        Value::Text(p.to_owned())
+    })
+}
+
+fn print_error(e: &Error) {
+    let origin = format!("{:?}", e.origin()).to_lowercase();
+    let mut line = format!("error: {} (origin {origin}", e.code());
+    if let Some(n) = e.errno() {
+        line.push_str(&format!(", errno {n}"));
+    }
+    if let Some(s) = e.sqlstate() {
+        line.push_str(&format!(", SQLSTATE {s}"));
+    }
+    line.push_str(if e.dispatched() {
+        ", dispatched)"
+    } else {
+        ", not dispatched)"
+    });
+    eprintln!("{line}\n  {}", e.message());
+}
+
+fn print_result(r: &QueryResult, json: bool) {
+    if json {
+        for set in &r.sets {
+            for row in &set.rows {
+                println!("{}", serde_json::Value::Object(row.to_json()));
+            }
+        }
+        if r.sets.is_empty() {
+            let s = &r.summary;
+            println!(
+                "{}",
+                serde_json::json!({"affected_rows": s.affected_rows, "last_insert_id": s.last_insert_id, "warnings": s.warnings})
+            );
+        }
+        return;
+    }
+    for (i, set) in r.sets.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        let header: Vec<String> = set.columns().iter().map(|c| c.name.clone()).collect();
+        let rows: Vec<Vec<String>> = set
+            .rows
+            .iter()
+            .map(|row| row.values().iter().map(display_value).collect())
+            .collect();
+        print!("{}", render_table(&header, &rows));
+        let n = set.rows.len();
+        println!("{n} row{}", if n == 1 { "" } else { "s" });
+    }
+    if r.sets.is_empty() {
+        println!("affected rows: {}", r.summary.affected_rows);
+        if let Some(id) = r.summary.last_insert_id {
+            println!("last insert id: {id}");
+        }
+    }
+    if r.summary.warnings > 0 {
+        println!("warnings: {}", r.summary.warnings);
+    }
+}
+
+/// An aligned table with a header rule.
+fn render_table(header: &[String], rows: &[Vec<String>]) -> String {
+    let clean = |s: &str| s.replace(['\n', '\t'], " ");
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(clean(cell).chars().count());
+            }
+        }
+    }
+    let line = |cells: &[String]| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{:<w$}", clean(c), w = *w))
+            .collect();
+        format!("{}\n", parts.join(" | ").trim_end())
+    };
+    let mut out = line(header);
+    out.push_str(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("-+-"));
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row));
+    }
+    out
+}
+
+#[derive(Debug, Deserialize)]
+struct Status {
+    version: String,
+    pid: u32,
+    uptime_s: f64,
+    draining: bool,
+    pool: Pool,
+    #[serde(default)]
+    slots: Vec<Slot>,
+    clients: Option<Clients>,
+    streams: Option<Streams>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Pool {
+    size: u64,
+    idle: u64,
+    busy: u64,
+    starting: u64,
+    quitting: u64,
+    queue_depth: u64,
+    queue_capacity: u64,
+    respawns: u64,
+    recycles: u64,
+    fatal_exits: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Slot {
+    slot: u32,
+    pid: Option<u32>,
+    state: String,
+    requests: u64,
+    age_s: f64,
+    #[serde(default)]
+    backend: Option<String>,
+    #[serde(default)]
+    db_connection_id: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Clients {
+    connections: u64,
+    open_streams: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Streams {
+    opened: u64,
+    closed: u64,
+}
+
+fn render_status(st: &Status) -> String {
+    let p = &st.pool;
+    let mut out = format!(
+        "osprey {} (pid {}), up {:.1}s{}\n",
+        st.version,
+        st.pid,
+        st.uptime_s,
+        if st.draining { ", DRAINING" } else { "" }
+    );
+    out.push_str(&format!(
+        "pool: size {} | idle {} | busy {} | starting {} | quitting {}\n",
+        p.size, p.idle, p.busy, p.starting, p.quitting
+    ));
+    out.push_str(&format!(
+        "queue: {}/{} | respawns {} | recycles {} | fatal exits {}\n",
+        p.queue_depth, p.queue_capacity, p.respawns, p.recycles, p.fatal_exits
+    ));
+    if let Some(c) = &st.clients {
+        out.push_str(&format!(
+            "clients: {} connections, {} open streams\n",
+            c.connections, c.open_streams
+        ));
+    }
+    if let Some(s) = &st.streams {
+        out.push_str(&format!("streams: {} opened, {} closed\n", s.opened, s.closed));
+    }
+    out.push('\n');
+    let header: Vec<String> = ["slot", "pid", "state", "requests", "age", "backend", "db conn"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let dash = || "-".to_string();
+    let rows: Vec<Vec<String>> = st
+        .slots
+        .iter()
+        .map(|s| {
+            vec![
+                s.slot.to_string(),
+                s.pid.map_or_else(dash, |p| p.to_string()),
+                s.state.clone(),
+                s.requests.to_string(),
+                format!("{:.1}s", s.age_s),
+                s.backend.clone().unwrap_or_else(dash),
+                s.db_connection_id.map_or_else(dash, |i| i.to_string()),
+            ]
+        })
+        .collect();
+    out.push_str(&render_table(&header, &rows));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_parse() {
+        assert_eq!(parse_param("null").unwrap(), Value::Null);
+        assert_eq!(parse_param("int:-3").unwrap(), Value::Int(-3));
+        assert_eq!(parse_param("hex:0xDEad").unwrap(), Value::Bytes(vec![0xde, 0xad]));
+        assert_eq!(parse_param("str:null").unwrap(), Value::Text("null".into()));
+        assert_eq!(parse_param("007").unwrap(), Value::Text("007".into()));
+        assert!(parse_param("int:x").is_err());
+    }
+
+    #[test]
+    fn table_is_aligned() {
+        let t = render_table(
+            &["id".into(), "name".into()],
+            &[vec!["1".into(), "NULL".into()], vec!["100".into(), "bob".into()]],
+        );
+        assert_eq!(t, "id  | name\n----+-----\n1   | NULL\n100 | bob\n");
+    }
+
+    #[test]
+    fn status_renders_starting_slots() {
+        let body = r#"{"version":"0.1.0","pid":123,"uptime_s":12.5,"draining":false,
+           "pool":{"size":2,"idle":1,"busy":0,"starting":1,"quitting":0,"queue_depth":0,"queue_capacity":1024,"respawns":0,"recycles":0,"fatal_exits":0},
+           "slots":[{"slot":0,"pid":4242,"state":"idle","requests":10,"age_s":3.2,"backend":"primary","db_connection_id":17},
+                    {"slot":1,"pid":null,"state":"starting","requests":0,"age_s":0.0,"backend":"primary","db_connection_id":null}],
+           "clients":{"connections":1,"open_streams":0},"streams":{"opened":10,"closed":10}}"#;
+        let st: Status = serde_json::from_str(body).unwrap();
+        let out = render_status(&st);
+        assert!(out.contains("pool: size 2 | idle 1"), "{out}");
+        assert!(out.contains("0    | 4242 | idle"), "{out}");
+        assert!(out.contains("1    | -    | starting"), "{out}");
+    }
+}

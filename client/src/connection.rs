@@ -1,0 +1,590 @@
+//! One connection to the dispatcher: the handshake, and the two tasks that own
+//! the socket halves.
+//!
+//! * The **writer task** owns the `FramedWrite`. Requests reach it over a bounded
+//!   command channel; it `feed`s everything that is queued (up to a batch) and then
+//!   `flush`es once. It also sends `PING` every keepalive interval.
+//! * The **reader task** owns the `FramedRead`. It routes each stream frame to that
+//!   stream's bounded channel, answers `PING` with `PONG`, handles `GOAWAY` and
+//!   connection-level `ERROR`, and declares the connection dead when nothing has
+//!   arrived for `keepalive_timeout`.
+//!
+//! The stream table (id → entry) is shared under a short-held mutex. An entry holds
+//! the stream's semaphore permit (the `max_streams` cap), so a stream id and its
+//! permit are released only when `END` arrives or the connection dies, never when
+//! the caller merely stops listening.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use osprey_protocol::{
+    Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Ping, Role, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::codec::{FramedRead, FramedWrite};
+use tracing::{debug, info, warn, Instrument};
+
+use crate::config::ClientConfig;
+use crate::error::Error;
+
+/// Frames fed to the socket before one flush.
+const WRITE_BATCH: usize = 256;
+
+/// Counters shared by all connections of one client.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub opened: AtomicU64,
+    pub closed: AtomicU64,
+    pub reconnects: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+/// Life of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Accepts new streams.
+    Up,
+    /// The dispatcher sent `GOAWAY`: open streams finish, no new ones.
+    GoAway,
+    /// Closed; every stream on it has been released.
+    Dead,
+}
+
+pub(crate) enum Cmd {
+    Open { id: u32, seq: u64, frame: Frame },
+    Cancel { id: u32, seq: u64 },
+    Pong { nonce: u64 },
+}
+
+struct Entry {
+    seq: u64,
+    /// `None` once the caller has gone away: later frames are discarded.
+    tx: Option<mpsc::Sender<Frame>>,
+    written: Arc<AtomicBool>,
+    _permit: OwnedSemaphorePermit,
+}
+
+#[derive(Default)]
+struct Table {
+    map: HashMap<u32, Entry>,
+    next_id: u32,
+    next_seq: u64,
+}
+
+pub(crate) struct ConnShared {
+    pub addr: String,
+    pub connection_id: u64,
+    pub max_payload: usize,
+    table: Mutex<Table>,
+    status: watch::Sender<Status>,
+    sem: Arc<Semaphore>,
+    stats: Arc<Stats>,
+}
+
+/// A cheap handle on a live (or dead) connection.
+#[derive(Clone)]
+pub(crate) struct ConnHandle {
+    pub shared: Arc<ConnShared>,
+    cmd: mpsc::Sender<Cmd>,
+}
+
+/// A stream opened on a connection. Dropping it before `END` cancels the stream.
+pub(crate) struct StreamGuard {
+    conn: ConnHandle,
+    pub id: u32,
+    seq: u64,
+    pub rx: mpsc::Receiver<Frame>,
+    written: Arc<AtomicBool>,
+    /// Set once `END` (or `ERROR`) was received, or the connection died: no `CANCEL` on drop.
+    pub finished: bool,
+}
+
+impl StreamGuard {
+    /// Whether the `REQUEST` frame was handed to the socket.
+    pub fn written(&self) -> bool {
+        self.written.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let shared = &self.conn.shared;
+        let send_cancel = {
+            let mut t = shared.table.lock().unwrap();
+            match t.map.get_mut(&self.id) {
+                Some(e) if e.seq == self.seq => {
+                    if e.written.load(Ordering::SeqCst) {
+                        e.tx = None;
+                        true
+                    } else {
+                        // Never written: forget it; the writer skips its Open.
+                        let e = t.map.remove(&self.id);
+                        drop(t);
+                        drop(e);
+                        shared.close_if_drained();
+                        false
+                    }
+                }
+                _ => false,
+            }
+        };
+        if send_cancel {
+            debug!(stream = self.id, conn = shared.connection_id, "cancelling stream");
+            let cmd = Cmd::Cancel {
+                id: self.id,
+                seq: self.seq,
+            };
+            if let Err(mpsc::error::TrySendError::Full(cmd)) = self.conn.cmd.try_send(cmd) {
+                let tx = self.conn.cmd.clone();
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let _ = tx.send(cmd).await;
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Why a stream could not be opened on this connection (the caller picks another).
+#[derive(Debug)]
+pub(crate) struct Unavailable;
+
+impl ConnShared {
+    pub fn status(&self) -> Status {
+        *self.status.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Status> {
+        self.status.subscribe()
+    }
+
+    fn set_goaway(&self) {
+        self.status.send_if_modified(|s| {
+            if *s == Status::Up {
+                *s = Status::GoAway;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// After `GOAWAY`, the connection closes once its last stream has ended.
+    fn close_if_drained(&self) {
+        if self.status() == Status::GoAway && self.table.lock().unwrap().map.is_empty() {
+            self.kill("drained after GOAWAY");
+        }
+    }
+
+    /// Marks the connection dead and releases every stream on it. Callers waiting on
+    /// a stream see its channel close and decide (by `written`) what to do.
+    pub fn kill(&self, reason: &str) {
+        if self.status.send_replace(Status::Dead) == Status::Dead {
+            return;
+        }
+        info!(conn = self.connection_id, addr = %self.addr, reason, "connection closed");
+        self.sem.close();
+        let entries = std::mem::take(&mut self.table.lock().unwrap().map);
+        let lost = entries.values().filter(|e| e.written.load(Ordering::SeqCst)).count() as u64;
+        self.stats.closed.fetch_add(lost, Ordering::SeqCst);
+        drop(entries);
+    }
+
+    /// Turns a command into the frame to write, updating the table.
+    fn prepare(&self, cmd: Cmd) -> Option<Frame> {
+        match cmd {
+            Cmd::Pong { nonce } => Some(Frame::new(Kind::Pong, 0, &Ping { nonce })),
+            Cmd::Cancel { id, seq } => {
+                let t = self.table.lock().unwrap();
+                match t.map.get(&id) {
+                    Some(e) if e.seq == seq && e.written.load(Ordering::SeqCst) => Some(Frame::new(
+                        Kind::Cancel,
+                        id,
+                        &Cancel {
+                            reason: "cancelled by the client".into(),
+                        },
+                    )),
+                    _ => None,
+                }
+            }
+            Cmd::Open { id, seq, frame } => {
+                let mut t = self.table.lock().unwrap();
+                let usable = self.status() == Status::Up;
+                match t.map.get(&id) {
+                    Some(e) if e.seq == seq => {
+                        if usable && e.tx.is_some() {
+                            e.written.store(true, Ordering::SeqCst);
+                            self.stats.opened.fetch_add(1, Ordering::SeqCst);
+                            Some(frame)
+                        } else {
+                            // GOAWAY arrived first (or the caller left): not sent, the
+                            // caller sees its channel close with `written == false`.
+                            let e = t.map.remove(&id);
+                            drop(t);
+                            drop(e);
+                            self.close_if_drained();
+                            None
+                        }
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// What the reader does after routing a frame.
+enum Flow {
+    Continue,
+    /// The stream's channel is full: hold the frame and stop reading until it has room.
+    Pause(mpsc::Sender<Frame>, Frame),
+    Stop,
+}
+
+impl ConnHandle {
+    /// Whether new streams may be opened here.
+    pub fn usable(&self) -> bool {
+        self.shared.status() == Status::Up
+    }
+
+    /// Opens a stream: waits for a permit under `max_streams`, picks a free id, and
+    /// queues the `REQUEST` frame built by `build` for the writer.
+    pub async fn open(&self, buffer: usize, build: impl FnOnce(u32) -> Frame) -> Result<StreamGuard, Unavailable> {
+        let permit = self.shared.sem.clone().acquire_owned().await.map_err(|_| Unavailable)?;
+        let (tx, rx) = mpsc::channel(buffer.max(1));
+        let written = Arc::new(AtomicBool::new(false));
+        let (id, seq) = {
+            let mut t = self.shared.table.lock().unwrap();
+            if self.shared.status() != Status::Up {
+                return Err(Unavailable);
+            }
+            let id = loop {
+                t.next_id = t.next_id.wrapping_add(1);
+                if t.next_id != 0 && !t.map.contains_key(&t.next_id) {
+                    break t.next_id;
+                }
+            };
+            t.next_seq += 1;
+            let seq = t.next_seq;
+            t.map.insert(
+                id,
+                Entry {
+                    seq,
+                    tx: Some(tx),
+                    written: written.clone(),
+                    _permit: permit,
+                },
+            );
+            (id, seq)
+        };
+        let guard = StreamGuard {
+            conn: self.clone(),
+            id,
+            seq,
+            rx,
+            written,
+            finished: false,
+        };
+        let frame = build(id);
+        self.cmd
+            .send(Cmd::Open { id, seq, frame })
+            .await
+            .map_err(|_| Unavailable)?;
+        Ok(guard)
+    }
+}
+
+/// Connects to `addr`, performs the handshake and starts the connection's tasks.
+pub(crate) async fn connect(addr: &str, cfg: &ClientConfig, stats: Arc<Stats>) -> Result<ConnHandle, Error> {
+    let handshake = async {
+        let sock = TcpStream::connect(addr)
+            .await
+            .map_err(|e| Error::client(ErrorCode::ConnectFailed, false, format!("connect to {addr}: {e}")))?;
+        let _ = sock.set_nodelay(true);
+        let (r, w) = sock.into_split();
+        let mut reader = FramedRead::new(r, FrameCodec::default());
+        let mut writer = FramedWrite::new(w, FrameCodec::default());
+        let hello = Hello {
+            version_major: PROTOCOL_MAJOR,
+            version_minor: PROTOCOL_MINOR,
+            role: Role::Client,
+            token: Some(cfg.token.clone()),
+            secret: None,
+            slot: None,
+            pid: Some(std::process::id()),
+            name: Some(cfg.name.clone()),
+        };
+        writer
+            .send(Frame::new(Kind::Hello, 0, &hello))
+            .await
+            .map_err(|e| Error::client(ErrorCode::ConnectFailed, false, format!("send HELLO to {addr}: {e}")))?;
+        let frame = match reader.next().await {
+            Some(Ok(f)) => f,
+            Some(Err(e)) => {
+                return Err(Error::client(
+                    e.code(),
+                    false,
+                    format!("bad frame from {addr} during handshake: {e}"),
+                ))
+            }
+            None => {
+                return Err(Error::client(
+                    ErrorCode::ConnectFailed,
+                    false,
+                    format!("{addr} closed the connection during the handshake"),
+                ))
+            }
+        };
+        let bad_body = |e: osprey_protocol::ProtocolError| Error::client(e.code(), false, format!("{addr}: {e}"));
+        match frame.kind {
+            Kind::HelloAck => {
+                let ack: HelloAck = frame.body().map_err(bad_body)?;
+                if ack.version_major != PROTOCOL_MAJOR {
+                    return Err(Error::client(
+                        ErrorCode::UnsupportedVersion,
+                        false,
+                        format!("{addr} speaks protocol {}.{}", ack.version_major, ack.version_minor),
+                    ));
+                }
+                Ok((reader, writer, ack))
+            }
+            Kind::Error => Err(Error::from_body(frame.body::<ErrorBody>().map_err(bad_body)?)),
+            other => Err(Error::client(
+                ErrorCode::ProtocolViolation,
+                false,
+                format!("{addr} answered HELLO with {}", other.name()),
+            )),
+        }
+    };
+    let (reader, mut writer, ack) = tokio::time::timeout(cfg.connect_timeout, handshake)
+        .await
+        .map_err(|_| {
+            Error::client(
+                ErrorCode::ConnectFailed,
+                false,
+                format!("connecting to {addr} timed out after {:?}", cfg.connect_timeout),
+            )
+        })??;
+    let max_payload = (ack.max_payload as usize).clamp(1024, osprey_protocol::DEFAULT_MAX_PAYLOAD);
+    *writer.encoder_mut() = FrameCodec::new(max_payload);
+    let max_streams = ack
+        .max_streams
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize) as u32);
+    let mut ping_every = cfg.keepalive_interval;
+    if ack.keepalive_interval_ms > 0 {
+        ping_every = ping_every.min(Duration::from_millis(ack.keepalive_interval_ms));
+    }
+    let ping_every = ping_every.max(Duration::from_millis(10));
+    let (status, _) = watch::channel(Status::Up);
+    let shared = Arc::new(ConnShared {
+        addr: addr.to_owned(),
+        connection_id: ack.connection_id,
+        max_payload,
+        table: Mutex::new(Table::default()),
+        status,
+        sem: Arc::new(Semaphore::new(max_streams as usize)),
+        stats,
+    });
+    info!(conn = ack.connection_id, addr, server = %ack.server, max_streams, max_payload, "connected");
+    // Room for every stream's Open and Cancel plus control frames.
+    let (cmd_tx, cmd_rx) = mpsc::channel(2 * (max_streams as usize).min(4096) + 64);
+    let span = tracing::info_span!("osprey_conn", conn = ack.connection_id, addr);
+    tokio::spawn(writer_task(shared.clone(), writer, cmd_rx, ping_every).instrument(span.clone()));
+    tokio::spawn(reader_task(shared.clone(), reader, cmd_tx.downgrade(), cfg.keepalive_timeout).instrument(span));
+    Ok(ConnHandle { shared, cmd: cmd_tx })
+}
+
+async fn writer_task(
+    shared: Arc<ConnShared>,
+    mut w: FramedWrite<OwnedWriteHalf, FrameCodec>,
+    mut cmd_rx: mpsc::Receiver<Cmd>,
+    ping_every: Duration,
+) {
+    let mut status = shared.subscribe();
+    let mut tick = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut nonce = 0u64;
+    let mut frames = Vec::with_capacity(WRITE_BATCH);
+    loop {
+        tokio::select! {
+            biased;
+            _ = status.wait_for(|s| *s == Status::Dead) => break,
+            cmd = cmd_rx.recv() => {
+                let Some(cmd) = cmd else {
+                    shared.kill("client dropped");
+                    break;
+                };
+                frames.extend(shared.prepare(cmd));
+                while frames.len() < WRITE_BATCH {
+                    match cmd_rx.try_recv() {
+                        Ok(cmd) => frames.extend(shared.prepare(cmd)),
+                        Err(_) => break,
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                nonce += 1;
+                frames.push(Frame::new(Kind::Ping, 0, &Ping { nonce }));
+            }
+        }
+        if frames.is_empty() {
+            continue;
+        }
+        let write = async {
+            for f in frames.drain(..) {
+                if f.kind == Kind::Request {
+                    debug!(stream = f.stream, bytes = f.payload.len(), "REQUEST");
+                }
+                w.feed(f).await?;
+            }
+            SinkExt::<Frame>::flush(&mut w).await
+        };
+        let result = tokio::select! {
+            r = write => r,
+            _ = status.wait_for(|s| *s == Status::Dead) => break,
+        };
+        if let Err(e) = result {
+            shared.kill(&format!("write failed: {e}"));
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_millis(100), SinkExt::<Frame>::close(&mut w)).await;
+}
+
+async fn reader_task(
+    shared: Arc<ConnShared>,
+    mut r: FramedRead<OwnedReadHalf, FrameCodec>,
+    cmd: mpsc::WeakSender<Cmd>,
+    keepalive_timeout: Duration,
+) {
+    let mut status = shared.subscribe();
+    let mut last_rx = Instant::now();
+    let mut paused: Option<(mpsc::Sender<Frame>, Frame)> = None;
+    loop {
+        let idle = tokio::time::sleep_until(last_rx + keepalive_timeout);
+        let room = async {
+            match &paused {
+                Some((tx, _)) => tx.clone().reserve_owned().await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = status.wait_for(|s| *s == Status::Dead) => break,
+            permit = room => {
+                let (_, frame) = paused.take().expect("paused");
+                if let Some(p) = permit {
+                    p.send(frame);
+                }
+                last_rx = Instant::now();
+                shared.close_if_drained();
+            }
+            f = r.next(), if paused.is_none() => {
+                last_rx = Instant::now();
+                match f {
+                    None => {
+                        shared.kill("closed by the dispatcher");
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        shared.kill(&format!("bad frame from the dispatcher: {e}"));
+                        break;
+                    }
+                    Some(Ok(frame)) => match route(&shared, frame, &cmd) {
+                        Flow::Continue => shared.close_if_drained(),
+                        Flow::Pause(tx, frame) => paused = Some((tx, frame)),
+                        Flow::Stop => break,
+                    },
+                }
+            }
+            _ = idle, if paused.is_none() => {
+                shared.kill(&format!("no frame from the dispatcher for {keepalive_timeout:?}"));
+                break;
+            }
+        }
+    }
+    // A frame that had already arrived still reaches its stream (it may be its END).
+    if let Some((tx, frame)) = paused {
+        tokio::spawn(async move {
+            let _ = tx.send(frame).await;
+        });
+    }
+}
+
+fn route(shared: &ConnShared, frame: Frame, cmd: &mpsc::WeakSender<Cmd>) -> Flow {
+    if frame.stream == 0 {
+        match frame.kind {
+            Kind::Ping => {
+                if let (Ok(p), Some(tx)) = (frame.body::<Ping>(), cmd.upgrade()) {
+                    let _ = tx.try_send(Cmd::Pong { nonce: p.nonce });
+                }
+            }
+            Kind::Pong => {}
+            Kind::GoAway => {
+                let why = frame
+                    .body::<osprey_protocol::GoAway>()
+                    .map(|g| g.message)
+                    .unwrap_or_default();
+                info!(
+                    conn = shared.connection_id,
+                    why, "GOAWAY: no new streams on this connection"
+                );
+                shared.set_goaway();
+            }
+            Kind::Error => {
+                let reason = match frame.body::<ErrorBody>() {
+                    Ok(b) => format!("dispatcher error: {b}"),
+                    Err(e) => format!("dispatcher error (unreadable: {e})"),
+                };
+                warn!(conn = shared.connection_id, "{reason}");
+                shared.kill(&reason);
+                return Flow::Stop;
+            }
+            other => {
+                shared.kill(&format!("unexpected {} frame on stream 0", other.name()));
+                return Flow::Stop;
+            }
+        }
+        return Flow::Continue;
+    }
+    let tx = {
+        let mut t = shared.table.lock().unwrap();
+        let Some(e) = t.map.get(&frame.stream) else {
+            debug!(
+                stream = frame.stream,
+                kind = frame.kind.name(),
+                "frame for a stream that is not open; ignored"
+            );
+            return Flow::Continue;
+        };
+        let tx = e.tx.clone();
+        if frame.kind == Kind::End {
+            t.map.remove(&frame.stream);
+            shared.stats.closed.fetch_add(1, Ordering::SeqCst);
+        }
+        tx
+    };
+    let Some(tx) = tx else {
+        debug!(
+            stream = frame.stream,
+            kind = frame.kind.name(),
+            "frame for a cancelled stream; discarded"
+        );
+        return Flow::Continue;
+    };
+    match tx.try_send(frame) {
+        Ok(()) => Flow::Continue,
+        Err(mpsc::error::TrySendError::Full(frame)) => Flow::Pause(tx, frame),
+        Err(mpsc::error::TrySendError::Closed(_)) => Flow::Continue,
+    }
+}

@@ -1,0 +1,566 @@
+//! One `REQUEST` in, its frames out: `COLUMNS`/`ROWS` per result set, then `END`, or
+//! `ERROR` + `END`. Rows are streamed in batches, never collected.
+
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use mysql_async::consts::StatusFlags;
+use mysql_async::prelude::{Protocol, Queryable};
+use mysql_async::{Conn, Params, QueryResult, Row};
+use osprey_protocol::{
+    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, ProtocolError, Request, Rows, Statement, Value,
+};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::cancel::{StopReason, Tracker};
+use crate::convert::{self, ColumnKind};
+use crate::link::{LinkGone, Outbox};
+use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
+
+/// Room left in a frame for everything around the row values.
+const FRAME_SLACK: usize = 1024;
+
+/// What the serving loop must do after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered; keep serving.
+    Served,
+    /// Answered with `DATABASE_FATAL`; the session is gone: exit with code 2.
+    Fatal,
+}
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+enum ExecError {
+    #[error(transparent)]
+    Db(#[from] mysql_async::Error),
+    #[error(transparent)]
+    Link(#[from] LinkGone),
+    #[error("a row of about {0} bytes does not fit in one frame")]
+    RowTooLarge(usize),
+    #[error("stopped between statements")]
+    Stopped(StopReason),
+}
+
+/// Limits for cutting `ROWS` frames.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    pub rows: usize,
+    pub bytes: usize,
+    pub max_payload: usize,
+}
+
+/// Runs requests on the worker's one database session.
+pub struct Executor {
+    conn: Conn,
+    outbox: Outbox,
+    tracker: Tracker,
+    limits: BatchLimits,
+    /// The server is MariaDB (`SET STATEMENT max_statement_time` is available).
+    mariadb: bool,
+    /// The session was found dead while idle: nothing more can run on it.
+    dead: bool,
+}
+
+impl Executor {
+    pub fn new(conn: Conn, outbox: Outbox, tracker: Tracker, limits: BatchLimits, mariadb: bool) -> Executor {
+        Executor {
+            conn,
+            outbox,
+            tracker,
+            limits,
+            mariadb,
+            dead: false,
+        }
+    }
+
+    /// Closes the session cleanly.
+    pub async fn close(self) {
+        if !self.dead {
+            match tokio::time::timeout(Duration::from_secs(5), self.conn.disconnect()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => debug!(error = %e, "disconnect"),
+                Err(_) => warn!("disconnect did not finish within 5 s"),
+            }
+        }
+    }
+
+    /// Checks an idle session (`COM_PING`). `Err` (and the session marked dead) when it is
+    /// gone, e.g. closed by the server's `wait_timeout`.
+    pub async fn check_idle(&mut self) -> Result<(), mysql_async::Error> {
+        if self.dead {
+            return Ok(());
+        }
+        match self.conn.ping().await {
+            Err(e) if session::classify(&e) == ErrorClass::Fatal => {
+                self.dead = true;
+                Err(e)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Answers one `REQUEST` frame completely. `Err` only when the link is gone.
+    pub async fn serve(&mut self, frame: Frame) -> Result<Outcome, LinkGone> {
+        let stream = frame.stream;
+        let mut out = Emitter::new(&self.outbox, stream, self.limits);
+        let request: Request = match frame.body() {
+            Ok(r) => r,
+            Err(e) => {
+                let code = match e {
+                    ProtocolError::BadUtf8 => ErrorCode::BadUtf8,
+                    _ => ErrorCode::BadBody,
+                };
+                self.tracker.finish(stream).await;
+                out.fail(ErrorBody::undispatched(Origin::Worker, code, e.to_string()))
+                    .await?;
+                return Ok(Outcome::Served);
+            }
+        };
+        if let Err(why) = request.validate() {
+            self.tracker.finish(stream).await;
+            out.fail(ErrorBody::undispatched(Origin::Worker, ErrorCode::InvalidRequest, why))
+                .await?;
+            return Ok(Outcome::Served);
+        }
+        if request.batch.is_empty() && opens_session_state(&request.sql) {
+            self.tracker.finish(stream).await;
+            out.fail(ErrorBody::undispatched(
+                Origin::Worker,
+                ErrorCode::InvalidRequest,
+                "each request runs on whichever worker is free, so a transaction or table lock \
+                 cannot span requests: send the statements as one batch (it runs in one transaction)",
+            ))
+            .await?;
+            return Ok(Outcome::Served);
+        }
+        if self.dead {
+            self.tracker.finish(stream).await;
+            let mut body = ErrorBody::undispatched(
+                Origin::Worker,
+                ErrorCode::DatabaseFatal,
+                "the worker's database session was lost while idle",
+            );
+            body.retryable = true;
+            out.fail(body).await?;
+            return Ok(Outcome::Fatal);
+        }
+        if let Err(reason) = self.tracker.start(stream) {
+            self.tracker.finish(stream).await;
+            let code = stop_code(reason);
+            out.fail(ErrorBody::undispatched(
+                Origin::Worker,
+                code,
+                "stopped before it started",
+            ))
+            .await?;
+            return Ok(Outcome::Served);
+        }
+
+        // Timeout: on MariaDB a single plain SELECT is bounded by the server itself;
+        // anything else by a timer that sends KILL QUERY.
+        let mut server_timeout = None;
+        let mut timer = None;
+        if request.timeout_ms > 0 {
+            if self.mariadb && request.batch.is_empty() && is_plain_select(&request.sql) {
+                server_timeout = Some(request.timeout_ms);
+            } else {
+                let tracker = self.tracker.clone();
+                let after = Duration::from_millis(request.timeout_ms);
+                timer = Some(tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    tracker.stop(stream, StopReason::TimedOut);
+                }));
+            }
+        }
+
+        let started = Instant::now();
+        let mut acc = Summary::default();
+        let result = if request.batch.is_empty() {
+            let sql = match server_timeout {
+                Some(ms) => format!(
+                    "SET STATEMENT max_statement_time={:.3} FOR {}",
+                    ms as f64 / 1000.0,
+                    request.sql
+                ),
+                None => request.sql.clone(),
+            };
+            run_statement(&mut self.conn, &sql, &request.params, &mut out, &mut acc).await
+        } else {
+            run_batch(
+                &mut self.conn,
+                &self.tracker,
+                stream,
+                &request.batch,
+                &mut out,
+                &mut acc,
+            )
+            .await
+        };
+        if let Some(t) = timer {
+            t.abort();
+        }
+        let elapsed = started.elapsed().as_micros() as u64;
+        end_open_transaction(&mut self.conn).await;
+        let stop = self.tracker.reason(stream);
+        self.tracker.finish(stream).await;
+
+        match result {
+            Ok(()) => {
+                out.flush_rows(false).await?;
+                let end = End {
+                    affected_rows: acc.affected_rows,
+                    last_insert_id: acc.last_insert_id,
+                    warnings: acc.warnings,
+                    rows: out.sent_rows,
+                    server_time_us: elapsed,
+                    queue_time_us: 0,
+                };
+                out.end(&end).await?;
+                Ok(Outcome::Served)
+            }
+            Err(ExecError::Link(gone)) => Err(gone),
+            Err(e) => {
+                let (body, outcome) = error_body(&e, stop);
+                match outcome {
+                    Outcome::Fatal => warn!(error = %e, "fatal database error"),
+                    Outcome::Served => debug!(error = %e, "request failed"),
+                }
+                out.discard();
+                out.fail(body).await?;
+                Ok(outcome)
+            }
+        }
+    }
+}
+
+/// The next request may come from another client: never hand it an open
+/// transaction (e.g. one a stored procedure left open). The server's status
+/// flags on the last OK packet tell, without a round trip.
+async fn end_open_transaction(conn: &mut Conn) {
+    let in_trans = conn
+        .last_ok_packet()
+        .is_some_and(|ok| ok.status_flags().contains(StatusFlags::SERVER_STATUS_IN_TRANS));
+    if in_trans {
+        warn!("request left a transaction open; rolling it back");
+        if let Err(e) = conn.query_drop("ROLLBACK").await {
+            warn!(error = %e, "rollback of a left-open transaction failed");
+        }
+    }
+}
+
+/// Statements that would leave transaction or lock state behind for the next
+/// request on this session (statement-level pooling, like PgBouncer's statement mode).
+fn opens_session_state(sql: &str) -> bool {
+    let words: Vec<String> = sql
+        .split(|c: char| c.is_whitespace() || c == ';' || c == '=')
+        .filter(|w| !w.is_empty())
+        .take(2)
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let first = words.first().map(String::as_str).unwrap_or("");
+    let second = words.get(1).map(String::as_str).unwrap_or("");
+    match first {
+        "begin" => second != "not",
+        "start" => second == "transaction",
+        "lock" => second == "table" || second == "tables",
+        "xa" => second == "start" || second == "begin",
+        "set" => {
+            second == "autocommit"
+                || second == "@@autocommit"
+                || second == "session" && sql.to_ascii_lowercase().contains("autocommit")
+        }
+        _ => false,
+    }
+}
+
+/// Sums over the statements of a request.
+#[derive(Debug, Default)]
+struct Summary {
+    affected_rows: u64,
+    last_insert_id: Option<u64>,
+    warnings: u32,
+}
+
+async fn run_batch(
+    conn: &mut Conn,
+    tracker: &Tracker,
+    stream: u32,
+    batch: &[Statement],
+    out: &mut Emitter<'_>,
+    acc: &mut Summary,
+) -> Result<(), ExecError> {
+    conn.query_drop("START TRANSACTION").await?;
+    let result = async {
+        for st in batch {
+            if let Some(reason) = tracker.reason(stream) {
+                return Err(ExecError::Stopped(reason));
+            }
+            run_statement(conn, &st.sql, &st.params, out, acc).await?;
+        }
+        if let Some(reason) = tracker.reason(stream) {
+            return Err(ExecError::Stopped(reason));
+        }
+        conn.query_drop("COMMIT").await?;
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => Ok(()),
+        Err(ExecError::Db(e)) if session::classify(&e) == ErrorClass::Fatal => Err(ExecError::Db(e)),
+        Err(e) => {
+            // A KILL QUERY still in flight must not hit the ROLLBACK.
+            tracker.settle().await;
+            if let Err(rb) = conn.query_drop("ROLLBACK").await {
+                // A transaction we cannot end would leak into the next request.
+                warn!(error = %rb, "ROLLBACK failed; giving up the session");
+                return Err(ExecError::Db(mysql_async::Error::Other(
+                    format!("ROLLBACK after `{e}` failed: {rb}").into(),
+                )));
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn run_statement(
+    conn: &mut Conn,
+    sql: &str,
+    params: &[Value],
+    out: &mut Emitter<'_>,
+    acc: &mut Summary,
+) -> Result<(), ExecError> {
+    if params.is_empty() {
+        let mut result = conn.query_iter(sql).await?;
+        stream_results(&mut result, out, acc).await
+    } else {
+        let params = Params::Positional(params.iter().map(convert::param).collect());
+        let mut result = conn.exec_iter(sql, params).await?;
+        stream_results(&mut result, out, acc).await
+    }
+}
+
+/// Streams every result set of one statement.
+async fn stream_results<P: Protocol + Unpin>(
+    result: &mut QueryResult<'_, '_, P>,
+    out: &mut Emitter<'_>,
+    acc: &mut Summary,
+) -> Result<(), ExecError> {
+    while let Some(mut set) = result.stream::<Row>().await? {
+        let columns = set.columns();
+        if columns.is_empty() {
+            // An OK packet: DML, DDL, or the status at the end of a CALL.
+            while set.try_next().await?.is_some() {}
+            acc.affected_rows += set.affected_rows();
+            if let Some(id) = set.last_insert_id().filter(|id| *id != 0) {
+                acc.last_insert_id = Some(id);
+            }
+            continue;
+        }
+        let kinds: Vec<ColumnKind> = columns.iter().map(ColumnKind::of).collect();
+        out.columns(&columns).await?;
+        while let Some(row) = set.try_next().await? {
+            let values = row
+                .unwrap_raw()
+                .into_iter()
+                .zip(&kinds)
+                .map(|(v, k)| v.map_or(Value::Null, |v| convert::value(*k, v)))
+                .collect();
+            out.row(values).await?;
+        }
+    }
+    // The last OK/EOF packet of the statement carries its warning count.
+    acc.warnings += u32::from(result.warnings());
+    Ok(())
+}
+
+/// The wire answer for a failure, and whether the session survives it.
+fn error_body(e: &ExecError, stop: Option<StopReason>) -> (ErrorBody, Outcome) {
+    let mut body = ErrorBody {
+        origin: Origin::Worker,
+        code: ErrorCode::Internal,
+        errno: None,
+        sqlstate: None,
+        message: e.to_string(),
+        dispatched: true,
+        retryable: false,
+    };
+    let mut outcome = Outcome::Served;
+    match e {
+        ExecError::Db(db) => {
+            if let mysql_async::Error::Server(s) = db {
+                body.errno = Some(s.code);
+                body.sqlstate = Some(s.state.clone());
+                body.message = s.message.clone();
+            }
+            match session::classify(db) {
+                ErrorClass::Fatal => {
+                    body.code = ErrorCode::DatabaseFatal;
+                    outcome = Outcome::Fatal;
+                }
+                ErrorClass::Rejected => {
+                    body.code = ErrorCode::InvalidRequest;
+                    body.dispatched = false;
+                }
+                ErrorClass::Database => {
+                    body.origin = Origin::Database;
+                    body.code = match (body.errno, stop) {
+                        (Some(ER_QUERY_INTERRUPTED), Some(reason)) => stop_code(reason),
+                        (Some(ER_STATEMENT_TIMEOUT), _) => ErrorCode::RequestTimeout,
+                        _ => ErrorCode::Database,
+                    };
+                    // Deadlock and lock wait timeout: the same request may well succeed again.
+                    body.retryable = matches!(body.errno, Some(1213 | 1205));
+                }
+            }
+        }
+        ExecError::RowTooLarge(_) => body.code = ErrorCode::FrameTooLarge,
+        ExecError::Stopped(reason) => body.code = stop_code(*reason),
+        ExecError::Link(_) => {}
+    }
+    (body, outcome)
+}
+
+fn stop_code(reason: StopReason) -> ErrorCode {
+    match reason {
+        StopReason::Cancelled => ErrorCode::Cancelled,
+        StopReason::TimedOut => ErrorCode::RequestTimeout,
+    }
+}
+
+/// A single SELECT that `SET STATEMENT ... FOR` can wrap as is.
+fn is_plain_select(sql: &str) -> bool {
+    let s = sql.trim_start();
+    let body = s.trim_end().trim_end_matches(';');
+    s.len() > 7
+        && s.as_bytes()[..6].eq_ignore_ascii_case(b"select")
+        && s.as_bytes()[6].is_ascii_whitespace()
+        && !body.contains(';')
+}
+
+/// Builds the frames of one stream: result sets, row batches, the terminal frame.
+struct Emitter<'o> {
+    outbox: &'o Outbox,
+    stream: u32,
+    limits: BatchLimits,
+    next_result_set: u32,
+    rows: Vec<Vec<Value>>,
+    bytes: usize,
+    sent_rows: u64,
+}
+
+impl<'o> Emitter<'o> {
+    fn new(outbox: &'o Outbox, stream: u32, limits: BatchLimits) -> Emitter<'o> {
+        Emitter {
+            outbox,
+            stream,
+            limits,
+            next_result_set: 0,
+            rows: Vec::new(),
+            bytes: 0,
+            sent_rows: 0,
+        }
+    }
+
+    fn byte_limit(&self) -> usize {
+        self.limits
+            .bytes
+            .clamp(1, self.limits.max_payload.saturating_sub(FRAME_SLACK).max(1))
+    }
+
+    async fn columns(&mut self, columns: &[mysql_async::Column]) -> Result<(), LinkGone> {
+        self.flush_rows(false).await?;
+        let body = Columns {
+            result_set: self.next_result_set,
+            columns: columns.iter().map(convert::column).collect(),
+        };
+        self.next_result_set += 1;
+        self.outbox.feed(Frame::new(Kind::Columns, self.stream, &body)).await
+    }
+
+    async fn row(&mut self, row: Vec<Value>) -> Result<(), ExecError> {
+        let size = 5 + row.iter().map(convert::encoded_size_bound).sum::<usize>();
+        if size > self.limits.max_payload.saturating_sub(FRAME_SLACK) {
+            return Err(ExecError::RowTooLarge(size));
+        }
+        if !self.rows.is_empty() && self.bytes + size > self.byte_limit() {
+            self.flush_rows(true).await?;
+        }
+        self.rows.push(row);
+        self.bytes += size;
+        if self.rows.len() >= self.limits.rows.max(1) || self.bytes >= self.byte_limit() {
+            self.flush_rows(true).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends the rows gathered so far (flushing the link if `flush`).
+    async fn flush_rows(&mut self, flush: bool) -> Result<(), LinkGone> {
+        if !self.rows.is_empty() {
+            let rows = Rows {
+                rows: std::mem::take(&mut self.rows),
+            };
+            self.sent_rows += rows.rows.len() as u64;
+            self.bytes = 0;
+            self.outbox.feed(Frame::new(Kind::Rows, self.stream, &rows)).await?;
+        }
+        if flush {
+            self.outbox.flush().await?;
+        }
+        Ok(())
+    }
+
+    fn discard(&mut self) {
+        self.rows.clear();
+        self.bytes = 0;
+    }
+
+    async fn end(&mut self, end: &End) -> Result<(), LinkGone> {
+        self.outbox.send(Frame::new(Kind::End, self.stream, end)).await
+    }
+
+    async fn fail(&mut self, body: ErrorBody) -> Result<(), LinkGone> {
+        self.outbox.feed(Frame::new(Kind::Error, self.stream, &body)).await?;
+        self.end(&End::default()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_state_statements() {
+        for sql in [
+            "BEGIN",
+            "begin;",
+            "START TRANSACTION READ ONLY",
+            "LOCK TABLES t WRITE",
+            "set autocommit=0",
+            "XA START 'x'",
+        ] {
+            assert!(opens_session_state(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "set @a = 1",
+            "INSERT INTO begin_t VALUES (1)",
+            "startx transaction",
+        ] {
+            assert!(!opens_session_state(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn plain_selects() {
+        assert!(is_plain_select("SELECT 1"));
+        assert!(is_plain_select("  select\n* from t;"));
+        assert!(!is_plain_select("SELECT 1; DROP TABLE t"));
+        assert!(!is_plain_select("/* x */ SELECT 1"));
+        assert!(!is_plain_select("SELECTION"));
+        assert!(!is_plain_select("UPDATE t SET a=1"));
+        assert!(!is_plain_select("select"));
+        assert!(!is_plain_select("séléct 1"));
+    }
+}

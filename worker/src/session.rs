@@ -1,0 +1,171 @@
+//! The database side: connection options, the one session a worker holds, the short-lived
+//! side connection that sends `KILL QUERY`, and which errors end the session.
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder};
+use osprey_protocol::Backend;
+
+/// `max_allowed_packet` the client assumes (given so that connecting costs no extra
+/// query; frames are at most 16 MiB, so requests stay far below it).
+const MAX_ALLOWED_PACKET: usize = 64 * 1024 * 1024;
+/// `wait_timeout` the client assumes (server default; only informs the driver).
+const WAIT_TIMEOUT: usize = 28_800;
+const STMT_CACHE_SIZE: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("cannot connect to {backend} within {timeout:?}")]
+    ConnectTimeout { backend: String, timeout: Duration },
+    #[error("cannot connect to {backend}: {source}")]
+    Connect {
+        backend: String,
+        source: mysql_async::Error,
+    },
+}
+
+/// Options for the worker's session and for its side connections.
+pub fn opts(b: &Backend) -> Opts {
+    OptsBuilder::default()
+        .ip_or_hostname(b.host.clone())
+        .tcp_port(b.port)
+        .user(Some(b.user.clone()))
+        .pass(Some(b.password.clone()))
+        .db_name(b.database.clone())
+        .prefer_socket(false)
+        .max_allowed_packet(Some(MAX_ALLOWED_PACKET))
+        .wait_timeout(Some(WAIT_TIMEOUT))
+        .stmt_cache_size(STMT_CACHE_SIZE)
+        .into()
+}
+
+fn describe(b: &Backend) -> String {
+    format!("{} ({}:{})", b.name, b.host, b.port)
+}
+
+/// Opens a connection within `timeout`.
+pub async fn connect(b: &Backend, opts: &Opts, timeout: Duration) -> Result<Conn, SessionError> {
+    match tokio::time::timeout(timeout, Conn::new(opts.clone())).await {
+        Err(_) => Err(SessionError::ConnectTimeout {
+            backend: describe(b),
+            timeout,
+        }),
+        Ok(Err(source)) => Err(SessionError::Connect {
+            backend: describe(b),
+            source,
+        }),
+        Ok(Ok(conn)) => Ok(conn),
+    }
+}
+
+/// Sends `KILL QUERY <id>` for the worker's session from a short-lived connection.
+#[derive(Debug)]
+pub struct Killer {
+    pub opts: Opts,
+    pub conn_id: u32,
+    pub timeout: Duration,
+}
+
+impl Killer {
+    pub async fn kill_query(&self) -> Result<(), mysql_async::Error> {
+        let work = async {
+            let mut side = Conn::new(self.opts.clone()).await?;
+            let r = side.query_drop(format!("KILL QUERY {}", self.conn_id)).await;
+            let _ = side.disconnect().await;
+            r
+        };
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(mysql_async::Error::Other("KILL QUERY timed out".into())),
+        }
+    }
+}
+
+/// `ER_QUERY_INTERRUPTED`: the statement was stopped by `KILL QUERY`.
+pub const ER_QUERY_INTERRUPTED: u16 = 1317;
+/// `ER_STATEMENT_TIMEOUT` (MariaDB): `max_statement_time` exceeded.
+pub const ER_STATEMENT_TIMEOUT: u16 = 1969;
+
+/// Server error numbers after which the session is gone or cannot be trusted.
+const FATAL_SERVER_ERRORS: &[u16] = &[
+    1040, // ER_CON_COUNT_ERROR
+    1043, // ER_HANDSHAKE_ERROR
+    1047, // ER_UNKNOWN_COM_ERROR (session out of step)
+    1053, // ER_SERVER_SHUTDOWN
+    1077, // ER_NORMAL_SHUTDOWN
+    1079, // ER_SHUTDOWN_COMPLETE
+    1080, // ER_FORCING_CLOSE
+    1152, // ER_ABORTING_CONNECTION
+    1153, // ER_NET_PACKET_TOO_LARGE (server closes the session)
+    1154, // ER_NET_READ_ERROR_FROM_PIPE
+    1155, // ER_NET_FCNTL_ERROR
+    1156, // ER_NET_PACKETS_OUT_OF_ORDER
+    1157, // ER_NET_UNCOMPRESS_ERROR
+    1158, // ER_NET_READ_ERROR
+    1159, // ER_NET_READ_INTERRUPTED
+    1160, // ER_NET_ERROR_ON_WRITE
+    1161, // ER_NET_WRITE_INTERRUPTED
+    1184, // ER_NEW_ABORTING_CONNECTION
+    1927, // ER_CONNECTION_KILLED
+    2006, // CR_SERVER_GONE_ERROR
+    2013, // CR_SERVER_LOST
+    4031, // ER_CLIENT_INTERACTION_TIMEOUT
+];
+
+/// How an error from the session must be handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The server rejected the statement; the session is fine.
+    Database,
+    /// The driver refused the request before executing it (e.g. wrong parameter count);
+    /// the session is fine and nothing ran.
+    Rejected,
+    /// The session is lost or unusable: answer, then exit.
+    Fatal,
+}
+
+pub fn classify(e: &mysql_async::Error) -> ErrorClass {
+    use mysql_async::{DriverError as D, Error as E};
+    match e {
+        E::Server(s) if FATAL_SERVER_ERRORS.contains(&s.code) => ErrorClass::Fatal,
+        E::Server(_) => ErrorClass::Database,
+        E::Driver(
+            D::StmtParamsMismatch { .. } | D::StmtParamsNumberExceedsLimit { .. } | D::MixedParams | D::Params(_),
+        ) => ErrorClass::Rejected,
+        _ => ErrorClass::Fatal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mysql_async::{DriverError, Error, ServerError};
+
+    fn server(code: u16) -> Error {
+        Error::Server(ServerError {
+            code,
+            message: String::new(),
+            state: "HY000".into(),
+        })
+    }
+
+    #[test]
+    fn classification() {
+        assert_eq!(classify(&server(1064)), ErrorClass::Database);
+        assert_eq!(classify(&server(1317)), ErrorClass::Database);
+        assert_eq!(classify(&server(1927)), ErrorClass::Fatal);
+        assert_eq!(classify(&server(4031)), ErrorClass::Fatal);
+        assert_eq!(
+            classify(&Error::Driver(DriverError::ConnectionClosed)),
+            ErrorClass::Fatal
+        );
+        assert_eq!(
+            classify(&Error::Driver(DriverError::StmtParamsMismatch {
+                required: 1,
+                supplied: 2
+            })),
+            ErrorClass::Rejected
+        );
+    }
+}

@@ -1,0 +1,737 @@
+//! The real `osprey-worker` binary against a real MariaDB, with this test playing the
+//! dispatcher on a Unix socket.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use mysql_async::prelude::Queryable;
+use osprey_protocol::{
+    Backend, Cancel, Columns, End, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Origin, Ping,
+    QuitNow, QuitRequest, Ready, Request, Role, Rows, Statement, Value, WorkerSettings, PROTOCOL_MAJOR,
+};
+use osprey_sandbox::Sandbox;
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixListener;
+use tokio::process::{Child, Command};
+use tokio::time::{timeout, Instant};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+const SECRET: &str = "per-boot-secret-42";
+const SLOT: u32 = 7;
+const WAIT: Duration = Duration::from_secs(15);
+
+fn settings(sandbox: &Sandbox) -> WorkerSettings {
+    let p = sandbox.primary();
+    WorkerSettings {
+        backend: Backend {
+            name: "primary".into(),
+            host: p.host().into(),
+            port: p.port(),
+            user: p.user().into(),
+            password: p.password().into(),
+            database: Some(p.database().into()),
+        },
+        max_requests: 0,
+        max_age_ms: 0,
+        batch_rows: 100,
+        batch_bytes: 64 * 1024,
+        connect_timeout_ms: 5000,
+    }
+}
+
+fn ack(worker: WorkerSettings) -> HelloAck {
+    HelloAck {
+        version_major: PROTOCOL_MAJOR,
+        version_minor: 0,
+        server: "test-dispatcher".into(),
+        connection_id: 1,
+        max_payload: 16 * 1024 * 1024,
+        max_streams: 1,
+        keepalive_interval_ms: 5000,
+        worker: Some(worker),
+    }
+}
+
+/// A worker process and this test's end of its link.
+struct Worker {
+    child: Child,
+    rx: FramedRead<OwnedReadHalf, FrameCodec>,
+    tx: FramedWrite<OwnedWriteHalf, FrameCodec>,
+    hello: Hello,
+    _dir: tempfile::TempDir,
+}
+
+/// Spawns the binary and accepts its connection (before any answer to `HELLO`).
+async fn spawn_worker() -> Worker {
+    let dir = tempfile::tempdir().unwrap();
+    let path: PathBuf = dir.path().join("dispatcher.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_osprey-worker"))
+        .args(["--socket", path.to_str().unwrap(), "--slot", &SLOT.to_string()])
+        .stdin(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(format!("{SECRET}\n").as_bytes()).await.unwrap();
+    drop(stdin);
+    let (sock, _) = timeout(WAIT, listener.accept())
+        .await
+        .expect("worker connects")
+        .unwrap();
+    let (r, w) = sock.into_split();
+    let mut rx = FramedRead::new(r, FrameCodec::default());
+    let tx = FramedWrite::new(w, FrameCodec::default());
+    let f = timeout(WAIT, rx.next()).await.expect("HELLO in time").unwrap().unwrap();
+    assert_eq!(f.kind, Kind::Hello);
+    assert_eq!(f.stream, 0);
+    let hello: Hello = f.body().unwrap();
+    Worker {
+        child,
+        rx,
+        tx,
+        hello,
+        _dir: dir,
+    }
+}
+
+/// Spawns, registers with `settings` and waits for `READY`.
+async fn start_worker(settings: WorkerSettings) -> (Worker, Ready) {
+    start_worker_with(ack(settings)).await
+}
+
+async fn start_worker_with(ack: HelloAck) -> (Worker, Ready) {
+    let mut w = spawn_worker().await;
+    w.send(Frame::new(Kind::HelloAck, 0, &ack)).await;
+    let f = w.next().await;
+    assert_eq!(f.kind, Kind::Ready, "{f:?}");
+    let ready: Ready = f.body().unwrap();
+    (w, ready)
+}
+
+#[derive(Debug, Default)]
+struct Response {
+    columns: Vec<Columns>,
+    /// Rows per result set.
+    rows: Vec<Vec<Vec<Value>>>,
+    error: Option<ErrorBody>,
+    end: End,
+}
+
+impl Worker {
+    async fn send(&mut self, f: Frame) {
+        self.tx.send(f).await.unwrap();
+    }
+
+    /// The next frame, any kind.
+    async fn next_any(&mut self) -> Frame {
+        timeout(WAIT, self.rx.next())
+            .await
+            .expect("a frame in time")
+            .expect("link open")
+            .unwrap()
+    }
+
+    /// The next frame that is not a keepalive `PING` from the worker.
+    async fn next(&mut self) -> Frame {
+        loop {
+            let f = self.next_any().await;
+            if f.kind != Kind::Ping {
+                return f;
+            }
+        }
+    }
+
+    async fn request(&mut self, stream: u32, req: &Request) -> Response {
+        self.send(Frame::new(Kind::Request, stream, req)).await;
+        self.response(stream).await
+    }
+
+    async fn response(&mut self, stream: u32) -> Response {
+        let mut resp = Response::default();
+        loop {
+            let f = self.next().await;
+            assert_eq!(f.stream, stream, "{f:?}");
+            match f.kind {
+                Kind::Columns => {
+                    let c: Columns = f.body().unwrap();
+                    assert_eq!(c.result_set as usize, resp.columns.len());
+                    resp.columns.push(c);
+                    resp.rows.push(Vec::new());
+                }
+                Kind::Rows => {
+                    let r: Rows = f.body().unwrap();
+                    resp.rows.last_mut().expect("ROWS after COLUMNS").extend(r.rows);
+                }
+                Kind::Error => {
+                    assert!(resp.error.is_none(), "one ERROR per stream");
+                    resp.error = Some(f.body().unwrap());
+                }
+                Kind::End => {
+                    resp.end = f.body().unwrap();
+                    return resp;
+                }
+                other => panic!("unexpected {other:?} on stream {stream}"),
+            }
+        }
+    }
+
+    async fn ok(&mut self, stream: u32, req: &Request) -> Response {
+        let r = self.request(stream, req).await;
+        assert!(r.error.is_none(), "{:?} failed: {:?}", req.sql, r.error);
+        r
+    }
+
+    async fn exit_status(&mut self) -> ExitStatus {
+        timeout(WAIT, self.child.wait())
+            .await
+            .expect("worker exits in time")
+            .unwrap()
+    }
+}
+
+/// Waits until `cond` holds, polling, up to `WAIT`.
+async fn until<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn running_statement(sandbox: &Sandbox, id: u32) -> Option<String> {
+    let mut c = sandbox.primary().conn().await.unwrap();
+    let info: Option<Option<String>> = c
+        .exec_first("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = ?", (id,))
+        .await
+        .unwrap();
+    c.disconnect().await.unwrap();
+    info.flatten()
+}
+
+async fn session_exists(sandbox: &Sandbox, id: u32) -> bool {
+    let mut c = sandbox.primary().conn().await.unwrap();
+    let n: Option<u64> = c
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
+            (id,),
+        )
+        .await
+        .unwrap();
+    c.disconnect().await.unwrap();
+    n == Some(1)
+}
+
+fn with_params(sql: &str, params: Vec<Value>) -> Request {
+    Request {
+        sql: sql.into(),
+        params,
+        ..Default::default()
+    }
+}
+
+fn date(year: u16, month: u8, day: u8, hour: u8, minute: u8, second: u8, micro: u32) -> Value {
+    Value::Date {
+        year,
+        month,
+        day,
+        hour,
+        minute,
+        second,
+        micro,
+    }
+}
+
+fn time(negative: bool, days: u32, hours: u8, minutes: u8, seconds: u8, micros: u32) -> Value {
+    Value::Time {
+        negative,
+        days,
+        hours,
+        minutes,
+        seconds,
+        micros,
+    }
+}
+
+const ALL_TYPES_TABLE: &str = "CREATE TABLE t_all (
+    id INT PRIMARY KEY,
+    ti TINYINT, tiu TINYINT UNSIGNED, si SMALLINT, mi MEDIUMINT, i INT, iu INT UNSIGNED,
+    bi BIGINT, biu BIGINT UNSIGNED, f FLOAT, d DOUBLE, dec1 DECIMAL(20,4),
+    dt DATE, dtm DATETIME(6), ts TIMESTAMP(3) NULL, tm TIME(6), tm2 TIME, yr YEAR,
+    b BIT(12), js JSON, e ENUM('a','b'), st SET('x','y','z'),
+    vc VARCHAR(20), ch CHAR(5), tx TEXT, vb VARBINARY(10), bl BLOB, zd DATE, nul INT NULL
+) ENGINE=InnoDB";
+
+const ALL_TYPES_ROW: &str = "INSERT INTO t_all VALUES (1,
+    -128, 255, -32768, -8388608, -2147483648, 4294967295,
+    -9223372036854775808, 18446744073709551615, 1.5, -2.5e-300, '-12345678901234.5678',
+    '2024-02-29', '2024-02-29 23:59:58.123456', '2001-02-03 04:05:06.789', '-838:59:59', '25:00:01', 2024,
+    b'101000000101', '{\"a\": [1, 2]}', 'b', 'x,z',
+    'héllo', 'ab', 'long text', x'00FF', x'DEADBEEF', '0000-00-00', NULL)";
+
+/// The values of `ALL_TYPES_ROW` after `id`.
+fn all_types_values() -> Vec<Value> {
+    vec![
+        Value::Int(-128),
+        Value::UInt(255),
+        Value::Int(-32768),
+        Value::Int(-8388608),
+        Value::Int(i32::MIN.into()),
+        Value::UInt(u32::MAX.into()),
+        Value::Int(i64::MIN),
+        Value::UInt(u64::MAX),
+        Value::Float(1.5),
+        Value::Double(-2.5e-300),
+        Value::Decimal("-12345678901234.5678".into()),
+        date(2024, 2, 29, 0, 0, 0, 0),
+        date(2024, 2, 29, 23, 59, 58, 123456),
+        date(2001, 2, 3, 4, 5, 6, 789000),
+        time(true, 34, 22, 59, 59, 0),
+        time(false, 1, 1, 0, 1, 0),
+        Value::Int(2024),
+        Value::Bit(vec![0x0a, 0x05]),
+        // MariaDB's JSON is LONGTEXT with a check: it arrives as text.
+        Value::Text("{\"a\": [1, 2]}".into()),
+        Value::Text("b".into()),
+        Value::Text("x,z".into()),
+        Value::Text("héllo".into()),
+        Value::Text("ab".into()),
+        Value::Text("long text".into()),
+        Value::Bytes(vec![0x00, 0xff]),
+        Value::Bytes(vec![0xde, 0xad, 0xbe, 0xef]),
+        date(0, 0, 0, 0, 0, 0, 0),
+        Value::Null,
+    ]
+}
+
+#[tokio::test]
+async fn serves_requests() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+
+    // HELLO
+    assert_eq!(w.hello.version_major, PROTOCOL_MAJOR);
+    assert_eq!(w.hello.role, Role::Worker);
+    assert_eq!(w.hello.secret.as_deref(), Some(SECRET));
+    assert_eq!(w.hello.slot, Some(SLOT));
+    assert_eq!(w.hello.pid, w.child.id());
+    // READY names the real session
+    assert!(ready.server_version.contains("MariaDB"), "{}", ready.server_version);
+    assert!(running_statement(&sandbox, ready.db_connection_id).await.is_none());
+    assert!(session_exists(&sandbox, ready.db_connection_id).await);
+
+    // One row with every column type, through the text and the binary protocol.
+    w.ok(1, &Request::sql(ALL_TYPES_TABLE)).await;
+    let ins = w.ok(2, &Request::sql(ALL_TYPES_ROW)).await;
+    assert_eq!(ins.end.affected_rows, 1);
+    assert!(
+        ins.columns.is_empty(),
+        "a statement without result set sends no COLUMNS"
+    );
+    let text = w.ok(3, &Request::sql("SELECT * FROM t_all WHERE id = 1")).await;
+    let binary = w
+        .ok(4, &with_params("SELECT * FROM t_all WHERE id = ?", vec![Value::Int(1)]))
+        .await;
+    assert_eq!(text.columns, binary.columns);
+    assert_eq!(text.columns.len(), 1);
+    assert_eq!(text.columns[0].columns[0].name, "id");
+    assert_eq!(text.columns[0].columns[0].table, "t_all");
+    assert_eq!(text.columns[0].columns[2].flags & 32, 32, "tiu is UNSIGNED");
+    let mut expected = vec![Value::Int(1)];
+    expected.extend(all_types_values());
+    assert_eq!(text.rows, vec![vec![expected.clone()]]);
+    assert_eq!(binary.rows, text.rows);
+    assert_eq!(text.end.rows, 1);
+
+    // The same values as parameters store the same row.
+    let mut params = vec![Value::Int(2)];
+    params.extend(all_types_values());
+    params[19] = Value::Json("{\"a\": [1, 2]}".into());
+    let marks = vec!["?"; params.len()].join(",");
+    let ins = w
+        .ok(5, &with_params(&format!("INSERT INTO t_all VALUES ({marks})"), params))
+        .await;
+    assert_eq!(ins.end.affected_rows, 1);
+    let both = w.ok(6, &Request::sql("SELECT * FROM t_all ORDER BY id")).await;
+    let rows = &both.rows[0];
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0][1..], rows[1][1..], "params stored the same values");
+
+    // DML summary
+    w.ok(
+        7,
+        &Request::sql("CREATE TABLE t_ai (id INT AUTO_INCREMENT PRIMARY KEY, v INT)"),
+    )
+    .await;
+    let r = w
+        .ok(8, &Request::sql("INSERT INTO t_ai (v) VALUES (1), (2), (3)"))
+        .await;
+    assert_eq!((r.end.affected_rows, r.end.last_insert_id), (3, Some(1)));
+    let r = w
+        .ok(9, &with_params("INSERT INTO t_ai (v) VALUES (?)", vec![Value::Int(4)]))
+        .await;
+    assert_eq!((r.end.affected_rows, r.end.last_insert_id), (1, Some(4)));
+    let r = w.ok(10, &Request::sql("UPDATE t_ai SET v = v + 1 WHERE v >= 2")).await;
+    assert_eq!(r.end.affected_rows, 3);
+
+    // Rows are cut in batches of batch_rows.
+    let r = w.ok(11, &Request::sql("SELECT seq FROM seq_1_to_250")).await;
+    assert_eq!(r.rows[0].len(), 250);
+    assert_eq!(r.end.rows, 250);
+    assert_eq!(r.rows[0][249], vec![Value::UInt(250)]);
+
+    // A database error ends the stream, and the worker goes on.
+    let r = w.request(12, &Request::sql("SELEC 1")).await;
+    let e = r.error.expect("syntax error");
+    assert_eq!(
+        (e.origin, e.code, e.errno),
+        (Origin::Database, ErrorCode::Database, Some(1064))
+    );
+    assert_eq!(e.sqlstate.as_deref(), Some("42000"));
+    assert!(e.dispatched);
+    assert_eq!(r.end, End::default());
+    let r = w.ok(13, &Request::sql("SELECT 1")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(1)]]);
+
+    // Invalid request: not dispatched.
+    let r = w.request(14, &Request::default()).await;
+    let e = r.error.expect("invalid");
+    assert_eq!(
+        (e.origin, e.code, e.dispatched),
+        (Origin::Worker, ErrorCode::InvalidRequest, false)
+    );
+
+    // Batch: all or nothing.
+    w.ok(15, &Request::sql("CREATE TABLE t_b (id INT PRIMARY KEY) ENGINE=InnoDB"))
+        .await;
+    let bad = Request {
+        batch: vec![
+            Statement {
+                sql: "INSERT INTO t_b VALUES (1)".into(),
+                params: vec![],
+            },
+            Statement {
+                sql: "INSERT INTO t_b VALUES (?)".into(),
+                params: vec![Value::Int(2)],
+            },
+            Statement {
+                sql: "INSERT INTO t_b VALUES (1)".into(),
+                params: vec![],
+            },
+        ],
+        ..Default::default()
+    };
+    let r = w.request(16, &bad).await;
+    let e = r.error.expect("duplicate key");
+    assert_eq!((e.origin, e.errno), (Origin::Database, Some(1062)));
+    let r = w.ok(17, &Request::sql("SELECT COUNT(*) FROM t_b")).await;
+    assert_eq!(
+        r.rows[0],
+        vec![vec![Value::Int(0)]],
+        "no trace of the first two statements"
+    );
+    let good = Request {
+        batch: vec![
+            Statement {
+                sql: "INSERT INTO t_b VALUES (?), (?)".into(),
+                params: vec![Value::Int(10), Value::Int(11)],
+            },
+            Statement {
+                sql: "SELECT id FROM t_b ORDER BY id".into(),
+                params: vec![],
+            },
+            Statement {
+                sql: "SELECT ?".into(),
+                params: vec![Value::Text("x".into())],
+            },
+        ],
+        ..Default::default()
+    };
+    let r = w.ok(18, &good).await;
+    assert_eq!(r.end.affected_rows, 2);
+    assert_eq!(r.columns.len(), 2);
+    assert_eq!(r.rows[0], vec![vec![Value::Int(10)], vec![Value::Int(11)]]);
+    assert_eq!(r.rows[1], vec![vec![Value::Text("x".into())]]);
+
+    // PING is answered while a statement runs.
+    w.send(Frame::new(Kind::Request, 19, &Request::sql("SELECT SLEEP(1)")))
+        .await;
+    let sent = Instant::now();
+    w.send(Frame::new(Kind::Ping, 0, &Ping { nonce: 77 })).await;
+    let f = w.next().await;
+    assert_eq!(f.kind, Kind::Pong, "PONG before the statement ends: {f:?}");
+    assert_eq!(f.body::<Ping>().unwrap().nonce, 77);
+    assert!(
+        sent.elapsed() < Duration::from_millis(500),
+        "PONG took {:?}",
+        sent.elapsed()
+    );
+    let r = w.response(19).await;
+    assert!(r.error.is_none());
+    assert!(sent.elapsed() >= Duration::from_millis(900));
+
+    // Closing the link ends the worker with 0.
+    drop(w.tx);
+    drop(w.rx);
+    let status = timeout(WAIT, w.child.wait()).await.expect("exits").unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn cancel_and_timeouts() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+    let id = ready.db_connection_id;
+
+    // CANCEL of a running statement.
+    w.send(Frame::new(Kind::Request, 1, &Request::sql("SELECT SLEEP(30)")))
+        .await;
+    until("SLEEP to run", || async {
+        running_statement(&sandbox, id).await.is_some()
+    })
+    .await;
+    let sent = Instant::now();
+    w.send(Frame::new(Kind::Cancel, 1, &Cancel { reason: "test".into() }))
+        .await;
+    let r = w.response(1).await;
+    assert!(
+        sent.elapsed() < Duration::from_secs(1),
+        "cancel took {:?}",
+        sent.elapsed()
+    );
+    let e = r.error.expect("cancelled");
+    assert_eq!(
+        (e.origin, e.code, e.errno, e.dispatched),
+        (Origin::Database, ErrorCode::Cancelled, Some(1317), true)
+    );
+    // CANCEL for a stream that ended or never existed is ignored.
+    w.send(Frame::new(Kind::Cancel, 1, &Cancel::default())).await;
+    w.send(Frame::new(Kind::Cancel, 999, &Cancel::default())).await;
+    let r = w.ok(2, &Request::sql("SELECT 2")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(2)]]);
+    // A KILL QUERY that lands on the idle session does not hit the next statement.
+    let mut admin = sandbox.primary().conn().await.unwrap();
+    admin.query_drop(format!("KILL QUERY {id}")).await.unwrap();
+    let r = w.ok(9, &Request::sql("SELECT 9")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(9)]]);
+    // CANCEL that arrives before the request starts: answered without running it.
+    w.send(Frame::new(Kind::Request, 10, &Request::sql("SELECT SLEEP(2)")))
+        .await;
+    w.send(Frame::new(Kind::Cancel, 10, &Cancel::default())).await;
+    w.send(Frame::new(Kind::Request, 11, &Request::sql("SELECT SLEEP(2)")))
+        .await;
+    w.send(Frame::new(Kind::Cancel, 11, &Cancel::default())).await;
+    let t0 = Instant::now();
+    for stream in [10, 11] {
+        let e = w.response(stream).await.error.expect("cancelled");
+        assert_eq!(e.code, ErrorCode::Cancelled, "{e:?}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+
+    // timeout_ms on a plain SELECT (server-side max_statement_time).
+    let t0 = Instant::now();
+    let r = w
+        .request(
+            3,
+            &Request {
+                timeout_ms: 300,
+                ..Request::sql("SELECT SLEEP(5)")
+            },
+        )
+        .await;
+    let e = r.error.expect("timed out");
+    assert_eq!(e.code, ErrorCode::RequestTimeout, "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // timeout_ms on something else (KILL QUERY from a timer).
+    let t0 = Instant::now();
+    let r = w
+        .request(
+            4,
+            &Request {
+                timeout_ms: 300,
+                ..Request::sql("/* not plain */ SELECT SLEEP(5)")
+            },
+        )
+        .await;
+    let e = r.error.expect("timed out");
+    assert_eq!((e.code, e.errno), (ErrorCode::RequestTimeout, Some(1317)), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // A batch that runs out of time is rolled back.
+    w.ok(6, &Request::sql("CREATE TABLE t_to (id INT PRIMARY KEY) ENGINE=InnoDB"))
+        .await;
+    let batch = Request {
+        batch: vec![
+            Statement {
+                sql: "INSERT INTO t_to VALUES (1)".into(),
+                params: vec![],
+            },
+            Statement {
+                sql: "SELECT SLEEP(5)".into(),
+                params: vec![],
+            },
+        ],
+        timeout_ms: 300,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let r = w.request(7, &batch).await;
+    let e = r.error.expect("timed out");
+    assert_eq!(e.code, ErrorCode::RequestTimeout, "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    let r = w.ok(8, &Request::sql("SELECT COUNT(*) FROM t_to")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(0)]]);
+    let r = w.ok(5, &Request::sql("SELECT 5")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(5)]]);
+}
+
+#[tokio::test]
+async fn recycles_after_max_requests_and_max_age() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, ready) = start_worker(WorkerSettings {
+        max_requests: 2,
+        ..settings(&sandbox)
+    })
+    .await;
+    w.ok(1, &Request::sql("SELECT 1")).await;
+    w.ok(2, &Request::sql("SELECT 2")).await;
+    let f = w.next().await;
+    assert_eq!(f.kind, Kind::QuitRequest);
+    let q: QuitRequest = f.body().unwrap();
+    assert_eq!((q.reason.as_str(), q.requests_served), ("max_requests", 2));
+    // Still serves what arrives before QUIT_NOW, and does not ask twice.
+    w.ok(3, &Request::sql("SELECT 3")).await;
+    w.send(Frame::new(Kind::Ping, 0, &Ping { nonce: 1 })).await;
+    assert_eq!(w.next().await.kind, Kind::Pong);
+    w.send(Frame::new(Kind::QuitNow, 0, &QuitNow {})).await;
+    assert_eq!(w.exit_status().await.code(), Some(0));
+    until("the session to close", || async {
+        !session_exists(&sandbox, ready.db_connection_id).await
+    })
+    .await;
+
+    // An idle worker notices max_age by itself.
+    let (mut w, _) = start_worker(WorkerSettings {
+        max_age_ms: 300,
+        ..settings(&sandbox)
+    })
+    .await;
+    let f = w.next().await;
+    assert_eq!(f.kind, Kind::QuitRequest);
+    let q: QuitRequest = f.body().unwrap();
+    assert_eq!(q.reason, "max_age");
+    assert!(q.age_ms >= 300);
+    w.send(Frame::new(Kind::QuitNow, 0, &QuitNow {})).await;
+    assert_eq!(w.exit_status().await.code(), Some(0));
+}
+
+#[tokio::test]
+async fn killed_session_is_fatal() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+    w.ok(1, &Request::sql("SELECT 1")).await;
+    let mut admin = sandbox.primary().conn().await.unwrap();
+    admin
+        .query_drop(format!("KILL {}", ready.db_connection_id))
+        .await
+        .unwrap();
+    until("the session to go", || async {
+        !session_exists(&sandbox, ready.db_connection_id).await
+    })
+    .await;
+    let r = w.request(2, &Request::sql("SELECT 2")).await;
+    let e = r.error.expect("fatal");
+    assert_eq!((e.origin, e.code), (Origin::Worker, ErrorCode::DatabaseFatal), "{e:?}");
+    assert_eq!(w.exit_status().await.code(), Some(2));
+}
+
+#[tokio::test]
+async fn refused_registration_exits_4() {
+    let mut w = spawn_worker().await;
+    let body = ErrorBody::undispatched(Origin::Dispatcher, ErrorCode::AuthFailed, "wrong secret");
+    w.send(Frame::new(Kind::Error, 0, &body)).await;
+    assert_eq!(w.exit_status().await.code(), Some(4));
+}
+
+#[tokio::test]
+async fn unreachable_database_exits_3() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut w = spawn_worker().await;
+    let s = WorkerSettings {
+        backend: Backend {
+            name: "nowhere".into(),
+            host: "127.0.0.1".into(),
+            port,
+            user: "u".into(),
+            password: "p".into(),
+            database: None,
+        },
+        max_requests: 0,
+        max_age_ms: 0,
+        batch_rows: 100,
+        batch_bytes: 65536,
+        connect_timeout_ms: 2000,
+    };
+    w.send(Frame::new(Kind::HelloAck, 0, &ack(s))).await;
+    let f = w.next().await;
+    assert_eq!((f.kind, f.stream), (Kind::Error, 0));
+    let body: ErrorBody = f.body().unwrap();
+    assert_eq!(
+        (body.origin, body.code),
+        (Origin::Worker, ErrorCode::BackendUnavailable)
+    );
+    assert!(timeout(WAIT, w.rx.next()).await.unwrap().is_none(), "link closes");
+    let Worker { mut child, .. } = w;
+    let status = timeout(WAIT, child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(3));
+}
+
+#[tokio::test]
+async fn goaway_keepalive_and_silence() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    // GOAWAY: quits once idle.
+    let (mut w, _) = start_worker(settings(&sandbox)).await;
+    w.send(Frame::new(Kind::Request, 1, &Request::sql("SELECT SLEEP(0.2)")))
+        .await;
+    w.send(Frame::new(
+        Kind::GoAway,
+        0,
+        &osprey_protocol::GoAway {
+            code: ErrorCode::ShuttingDown,
+            message: "bye".into(),
+        },
+    ))
+    .await;
+    assert!(
+        w.response(1).await.error.is_none(),
+        "the request before GOAWAY is served"
+    );
+    assert_eq!(w.exit_status().await.code(), Some(0));
+
+    // The worker pings an idle link, and exits 0 when the dispatcher falls silent.
+    let (mut w, _) = start_worker_with(HelloAck {
+        keepalive_interval_ms: 200,
+        ..ack(settings(&sandbox))
+    })
+    .await;
+    let t0 = Instant::now();
+    let f = w.next_any().await;
+    assert_eq!(f.kind, Kind::Ping);
+    assert!(t0.elapsed() < Duration::from_millis(1000));
+    let status = w.exit_status().await;
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "silence is 3 x keepalive: {:?}",
+        t0.elapsed()
+    );
+}
