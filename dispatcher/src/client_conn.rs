@@ -31,6 +31,9 @@ const HANDSHAKE_MAX_PAYLOAD: usize = 64 * 1024;
 
 /// While draining, how often a connection checks whether its last stream ended.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
+/// While draining, an idle connection is closed by us only after this long
+/// without a frame from the client (and since our GOAWAY).
+const DRAIN_QUIET: Duration = Duration::from_millis(500);
 
 pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, _permit: OwnedSemaphorePermit) {
     let id = ctx.next_conn_id();
@@ -139,6 +142,7 @@ async fn run(ctx: &Arc<Ctx>, id: u64, mut reader: Reader, writer: Writer) {
     keepalive.reset();
     let mut drain_poll = tokio::time::interval(DRAIN_POLL);
     let mut draining = false;
+    let mut goaway_at = Instant::now();
     let mut nonce = 0u64;
     let close: Option<ErrorBody> = loop {
         tokio::select! {
@@ -171,11 +175,17 @@ async fn run(ctx: &Arc<Ctx>, id: u64, mut reader: Reader, writer: Writer) {
             }
             _ = ctx.draining.cancelled(), if !draining => {
                 draining = true;
+                goaway_at = Instant::now();
                 let goaway = GoAway { code: ErrorCode::ShuttingDown, message: "dispatcher is shutting down".into() };
                 let _ = shared.out.send(Frame::new(Kind::GoAway, 0, &goaway)).await;
             }
             _ = drain_poll.tick(), if draining => {
-                if shared.open_streams() == 0 {
+                // The SDK closes the connection itself once its last stream ended. For
+                // other clients: close when idle, but only after a quiet spell, so that
+                // a REQUEST that crossed our GOAWAY on the wire still gets its answer
+                // (SHUTTING_DOWN, dispatched=false: safe to resend) instead of a reset.
+                let quiet = last_rx.elapsed().min(goaway_at.elapsed()) >= DRAIN_QUIET;
+                if shared.open_streams() == 0 && quiet {
                     break None;
                 }
             }
