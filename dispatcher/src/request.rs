@@ -95,6 +95,7 @@ async fn run(ctx: Arc<Ctx>, mut guard: StreamGuard, cancel: CancellationToken, f
     let mut deadline = TokioInstant::now() + timeout;
     let mut cancel_sent = false;
     let mut client_alive = true;
+    let mut errored = false;
     loop {
         tokio::select! {
             frame = rx.recv() => match frame {
@@ -103,13 +104,15 @@ async fn run(ctx: Arc<Ctx>, mut guard: StreamGuard, cancel: CancellationToken, f
                     if client_alive { guard.forward(frame).await; } else { drop(guard); }
                     lease.release();
                     ctx.metrics.latency.observe(started.elapsed().as_secs_f64());
-                    ctx.metrics.outcome(if cancel_sent { "cancelled" } else { "ok" });
+                    ctx.metrics.outcome(match (cancel_sent, errored) {
+                        (true, _) => "cancelled",
+                        (false, true) => "error",
+                        (false, false) => "ok",
+                    });
                     return;
                 }
                 Some(frame) => {
-                    if frame.kind == Kind::Error {
-                        ctx.metrics.outcome("error");
-                    }
+                    errored |= frame.kind == Kind::Error;
                     if client_alive && !guard.forward(frame).await {
                         // The client is gone: stop the statement, keep draining to END.
                         client_alive = false;

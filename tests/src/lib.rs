@@ -1,1 +1,2 @@
-
+pub mod fault_proxy;
+pub mod harness;
