@@ -97,10 +97,9 @@ impl Supervisor {
             // Kill requests aimed at the previous process are stale now.
             while kill_rx.try_recv().is_ok() {}
             let started = Instant::now();
-            let status = match self.spawn(index).await {
+            let status = match self.spawn(index, generation).await {
                 Ok(child) => {
                     let pid = child.id().unwrap_or(0);
-                    self.ctx.pool.set_pid(index, generation, pid);
                     info!(pid, generation, "worker started");
                     self.watch(child, index, generation, &mut kill_rx).await
                 }
@@ -138,7 +137,10 @@ impl Supervisor {
         }
     }
 
-    async fn spawn(&self, index: u32) -> std::io::Result<Child> {
+    /// Starts the worker process of `index` and records its pid in the pool *before*
+    /// handing it the secret: the worker can register as soon as it has the secret, and
+    /// its registration is checked against that pid.
+    async fn spawn(&self, index: u32, generation: u64) -> std::io::Result<Child> {
         let mut cmd = Command::new(&self.worker_binary);
         cmd.arg("--socket")
             .arg(&self.socket_path)
@@ -165,6 +167,7 @@ impl Supervisor {
             });
         }
         let mut child = cmd.spawn()?;
+        self.ctx.pool.set_pid(index, generation, child.id().unwrap_or(0));
         // The secret goes over a pipe: not visible in ps or /proc/PID/environ.
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(self.ctx.secret.as_bytes()).await?;

@@ -370,3 +370,122 @@ pub fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .context("no VmRSS line")?;
     Ok(line.split_whitespace().nth(1).context("VmRSS value")?.parse()?)
 }
+
+// ---------------------------------------------------------------------------------------
+// Restarts and process hygiene (used by tests/tests/restart.rs and chaos.rs).
+
+impl Dispatcher {
+    /// The TOML config this dispatcher was started with (runtime_dir included).
+    pub fn config(&self) -> &toml::Table {
+        &self.config
+    }
+
+    /// Like [`Dispatcher::start_beside`] (same client port, `SO_REUSEPORT`), but with its
+    /// own admin address, so that `status()` of each dispatcher reaches that one: while two
+    /// dispatchers share an admin port, the kernel spreads admin connections over both, and
+    /// `wait_idle` of the new one can be answered by the old one.
+    pub async fn start_beside_own_admin(&self) -> anyhow::Result<Dispatcher> {
+        let mut config = self.config.clone();
+        if let Some(toml::Value::Table(listen)) = config.get_mut("listen") {
+            listen.insert("admin".into(), free_addr().to_string().into());
+        }
+        let d = Dispatcher::start_with(config).await?;
+        let s = d.status().await?;
+        anyhow::ensure!(
+            s["pid"].as_u64() == Some(d.pid() as u64),
+            "admin of the new dispatcher answered with pid {} instead of {}",
+            s["pid"],
+            d.pid()
+        );
+        Ok(d)
+    }
+
+    /// Restarts a dispatcher that has exited (or was killed) with the same config, same
+    /// ports, and a fresh runtime dir; waits until its workers are idle.
+    pub async fn restart_same(&self) -> anyhow::Result<Dispatcher> {
+        let mut config = self.config.clone();
+        if let Some(toml::Value::Table(listen)) = config.get_mut("listen") {
+            listen.remove("runtime_dir");
+        }
+        Dispatcher::start_with(config).await
+    }
+
+    /// SIGKILL (no drain): the workers must die through their parent-death signal.
+    pub async fn kill_hard(&mut self) -> anyhow::Result<()> {
+        self.signal(Signal::SIGKILL);
+        self.wait_exit(Duration::from_secs(5)).await.map(|_| ())
+    }
+
+    /// Live worker processes of this dispatcher, from `/proc` (children named `osprey-worker`).
+    pub fn worker_children(&self) -> Vec<u32> {
+        workers_of(self.pid())
+    }
+}
+
+/// `/proc/<pid>/comm` (at most 15 characters), if the process exists.
+pub fn process_comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_owned())
+}
+
+/// Parent pid from `/proc/<pid>/stat`.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid ...
+    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn is_worker(pid: u32) -> bool {
+    process_comm(pid).as_deref() == Some("osprey-worker") && process_alive(pid)
+}
+
+fn is_dispatcher(pid: u32) -> bool {
+    // comm is truncated to 15 characters: "osprey-dispatch".
+    process_comm(pid).is_some_and(|c| c.starts_with("osprey-dispatch")) && process_alive(pid)
+}
+
+/// Live `osprey-worker` children of `parent`.
+pub fn workers_of(parent: u32) -> Vec<u32> {
+    all_pids()
+        .into_iter()
+        .filter(|&p| parent_pid(p) == Some(parent) && is_worker(p))
+        .collect()
+}
+
+/// Live `osprey-worker` processes whose parent is not a live `osprey-dispatcher` (their
+/// dispatcher died and the parent-death signal did not take them), with their parent pid.
+pub fn stray_workers() -> Vec<(u32, u32)> {
+    all_pids()
+        .into_iter()
+        .filter(|&p| is_worker(p))
+        .filter_map(|p| {
+            let parent = parent_pid(p)?;
+            (!is_dispatcher(parent)).then_some((p, parent))
+        })
+        .collect()
+}
+
+/// Waits (up to `limit`) until none of `pids` is a live `osprey-worker` and no stray
+/// worker exists anywhere on the machine.
+pub async fn wait_no_stray_workers(pids: &[u32], limit: Duration) -> anyhow::Result<()> {
+    let r = wait_for(limit, "old workers gone and no stray osprey-worker", || async {
+        let alive = pids.iter().any(|&p| is_worker(p));
+        (!alive && stray_workers().is_empty()).then_some(())
+    })
+    .await;
+    if r.is_err() {
+        let alive: Vec<u32> = pids.iter().copied().filter(|&p| is_worker(p)).collect();
+        bail!(
+            "workers still alive: {alive:?}; strays (pid, parent): {:?}",
+            stray_workers()
+        );
+    }
+    Ok(())
+}
