@@ -323,12 +323,18 @@ impl Pool {
     /// The link to the worker of `index` ended; its process is told to die.
     pub fn link_lost(&self, index: u32, generation: u64, why: &'static str) {
         let mut g = self.lock();
-        let Some(slot) = g.slots.get_mut(&index).filter(|s| s.generation == generation) else {
+        // No link: already handled (killed by `kill`, or never registered).
+        let Some(slot) = g
+            .slots
+            .get_mut(&index)
+            .filter(|s| s.generation == generation && s.link.is_some())
+        else {
             return;
         };
         slot.link = None;
         if slot.state != SlotState::Quitting {
             slot.state = SlotState::Starting;
+            self.metrics.worker_kills.inc();
             let _ = slot.kill.send(why);
         }
         g.idle.retain(|&(i, _)| i != index);
@@ -337,9 +343,18 @@ impl Pool {
 
     /// Kills the process of `index` (request timeout, abandoned request).
     pub fn kill(&self, index: u32, generation: u64, why: &'static str) {
-        let g = self.lock();
-        if let Some(slot) = g.slots.get(&index).filter(|s| s.generation == generation) {
+        let mut g = self.lock();
+        if let Some(slot) = g
+            .slots
+            .get_mut(&index)
+            .filter(|s| s.generation == generation && s.link.is_some())
+        {
+            self.metrics.worker_kills.inc();
+            slot.link = None;
+            slot.state = SlotState::Starting;
             let _ = slot.kill.send(why);
+            g.idle.retain(|&(i, _)| i != index);
+            self.publish_states(&g);
         }
     }
 

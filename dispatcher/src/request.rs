@@ -132,7 +132,6 @@ async fn run(ctx: Arc<Ctx>, mut guard: StreamGuard, cancel: CancellationToken, f
             },
             _ = sleep_until(deadline) => {
                 ctx.metrics.outcome("timeout");
-                ctx.metrics.worker_kills.inc();
                 let msg = if cancel_sent {
                     "the worker did not stop after CANCEL; it was killed"
                 } else {
