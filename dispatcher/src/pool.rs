@@ -241,8 +241,14 @@ impl Pool {
     }
 
     /// A new process is being started in `index`; returns its generation.
+    /// None: the slot is retiring or the pool shutting down; it is removed.
     pub fn begin_spawn(&self, index: u32) -> Option<u64> {
         let mut g = self.lock();
+        if g.shutting_down || g.slots.get(&index).is_some_and(|s| s.retiring) {
+            g.slots.remove(&index);
+            self.publish_states(&g);
+            return None;
+        }
         let generation = g.next_generation;
         g.next_generation += 1;
         let slot = g.slots.get_mut(&index)?;

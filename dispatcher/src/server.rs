@@ -244,8 +244,7 @@ async fn signals(ctx: Arc<Ctx>, supervisor: Arc<Supervisor>, config_path: Option
             _ = int.recv() => stop_signal(&ctx, "SIGINT"),
             _ = quit.recv() => {
                 warn!("SIGQUIT: fast shutdown");
-                ctx.draining.cancel();
-                ctx.abort.cancel();
+                abort(&ctx);
             }
             _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref()),
         }
@@ -256,11 +255,19 @@ async fn signals(ctx: Arc<Ctx>, supervisor: Arc<Supervisor>, config_path: Option
 fn stop_signal(ctx: &Ctx, name: &str) {
     if ctx.draining.is_cancelled() {
         warn!("{name} again: failing in-flight requests and stopping now");
-        ctx.abort.cancel();
+        abort(ctx);
     } else {
         info!("{name}: graceful drain");
         ctx.draining.cancel();
     }
+}
+
+/// Stops at once: the pool stops first, so that workers killed by failing
+/// requests are not respawned.
+fn abort(ctx: &Ctx) {
+    ctx.pool.shutdown();
+    ctx.draining.cancel();
+    ctx.abort.cancel();
 }
 
 /// SIGHUP: re-read the config file and apply the pool size.

@@ -87,6 +87,9 @@ impl Supervisor {
         let mut backoff = min_backoff;
         let mut first = true;
         loop {
+            // Kill requests aimed at the previous process are stale now (drained before
+            // the new generation exists, so a kill for the new one cannot be lost).
+            while kill_rx.try_recv().is_ok() {}
             let Some(generation) = self.ctx.pool.begin_spawn(index) else {
                 return;
             };
@@ -94,8 +97,6 @@ impl Supervisor {
                 self.ctx.metrics.respawns.inc();
             }
             first = false;
-            // Kill requests aimed at the previous process are stale now.
-            while kill_rx.try_recv().is_ok() {}
             let started = Instant::now();
             let status = match self.spawn(index, generation).await {
                 Ok(child) => {

@@ -115,6 +115,22 @@ database = "{db}"
     }
 
     pub async fn start_with(config: toml::Table) -> anyhow::Result<Dispatcher> {
+        let d = Dispatcher::spawn_with(config)?;
+        d.wait_idle(d.pool_size(), Duration::from_secs(30)).await?;
+        Ok(d)
+    }
+
+    /// `pool.size` of this dispatcher's config (default 4).
+    pub fn pool_size(&self) -> usize {
+        self.config
+            .get("pool")
+            .and_then(|p| p.get("size"))
+            .and_then(|v| v.as_integer())
+            .unwrap_or(4) as usize
+    }
+
+    /// Writes the config and spawns the dispatcher, without waiting for its workers.
+    pub fn spawn_with(config: toml::Table) -> anyhow::Result<Dispatcher> {
         let runtime_dir = tempfile::Builder::new().prefix("osprey-test-").tempdir()?;
         let config_path = runtime_dir.path().join("osprey.toml");
         let mut config = config;
@@ -139,7 +155,6 @@ database = "{db}"
         let admin_token = get("auth", "admin_token")
             .and_then(|v| v.as_str().map(str::to_owned))
             .context("admin token")?;
-        let size = get("pool", "size").and_then(|v| v.as_integer()).unwrap_or(4) as usize;
         let mut d = Dispatcher {
             child: None,
             client_addr,
@@ -151,7 +166,6 @@ database = "{db}"
             config,
         };
         d.spawn()?;
-        d.wait_idle(size, Duration::from_secs(30)).await?;
         Ok(d)
     }
 
@@ -389,8 +403,8 @@ impl Dispatcher {
         if let Some(toml::Value::Table(listen)) = config.get_mut("listen") {
             listen.insert("admin".into(), free_addr().to_string().into());
         }
-        let d = Dispatcher::start_with(config).await?;
-        let s = d.status().await?;
+        let d = Dispatcher::spawn_with(config)?;
+        let s = d.wait_registered(Duration::from_secs(30)).await?;
         anyhow::ensure!(
             s["pid"].as_u64() == Some(d.pid() as u64),
             "admin of the new dispatcher answered with pid {} instead of {}",
@@ -400,14 +414,30 @@ impl Dispatcher {
         Ok(d)
     }
 
+    /// Waits until every slot (`pool.size`) has a registered worker, idle or busy. Unlike
+    /// [`Dispatcher::wait_idle`] this is reached under load too: clients may already reach a
+    /// new dispatcher through the shared port and keep some of its workers busy.
+    pub async fn wait_registered(&self, limit: Duration) -> anyhow::Result<Json> {
+        let size = self.pool_size() as u64;
+        wait_for(limit, &format!("{size} registered workers"), || async {
+            let s = self.status().await.ok()?;
+            let pool = &s["pool"];
+            let registered = pool["idle"].as_u64()? + pool["busy"].as_u64()?;
+            (registered == size && pool["slots"].as_u64() == Some(size)).then_some(s)
+        })
+        .await
+    }
+
     /// Restarts a dispatcher that has exited (or was killed) with the same config, same
-    /// ports, and a fresh runtime dir; waits until its workers are idle.
+    /// ports, and a fresh runtime dir; waits until its workers are registered.
     pub async fn restart_same(&self) -> anyhow::Result<Dispatcher> {
         let mut config = self.config.clone();
         if let Some(toml::Value::Table(listen)) = config.get_mut("listen") {
             listen.remove("runtime_dir");
         }
-        Dispatcher::start_with(config).await
+        let d = Dispatcher::spawn_with(config)?;
+        d.wait_registered(Duration::from_secs(30)).await?;
+        Ok(d)
     }
 
     /// SIGKILL (no drain): the workers must die through their parent-death signal.
