@@ -184,17 +184,6 @@ database = "{db}"
         Ok(())
     }
 
-    /// A second dispatcher with the same config and client port (SO_REUSEPORT), for
-    /// zero-downtime restarts. It gets its own admin port so that the test can tell
-    /// the two apart (the admin port would be shared too, and answered by either).
-    pub async fn start_beside(&self) -> anyhow::Result<Dispatcher> {
-        let mut config = self.config.clone();
-        if let Some(toml::Value::Table(listen)) = config.get_mut("listen") {
-            listen.insert("admin".into(), free_addr().to_string().into());
-        }
-        Dispatcher::start_with(config).await
-    }
-
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
@@ -394,11 +383,11 @@ impl Dispatcher {
         &self.config
     }
 
-    /// Like [`Dispatcher::start_beside`] (same client port, `SO_REUSEPORT`), but with its
-    /// own admin address, so that `status()` of each dispatcher reaches that one: while two
-    /// dispatchers share an admin port, the kernel spreads admin connections over both, and
-    /// `wait_idle` of the new one can be answered by the old one.
-    pub async fn start_beside_own_admin(&self) -> anyhow::Result<Dispatcher> {
+    /// A second dispatcher with the same config and client port (`SO_REUSEPORT`), for
+    /// zero-downtime restarts, with its own admin address so that `status()` of each
+    /// dispatcher reaches that one (a shared admin port is answered by either). Ready when
+    /// every slot has a registered worker: under load they need not be idle.
+    pub async fn start_beside(&self) -> anyhow::Result<Dispatcher> {
         let mut config = self.config.clone();
         if let Some(toml::Value::Table(listen)) = config.get_mut("listen") {
             listen.insert("admin".into(), free_addr().to_string().into());

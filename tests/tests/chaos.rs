@@ -394,7 +394,7 @@ async fn chaos() {
         if restarts_done < restarts_at.len() && started.elapsed() >= restarts_at[restarts_done] {
             restarts_done += 1;
             let next = current
-                .start_beside_own_admin()
+                .start_beside()
                 .await
                 .expect("new dispatcher beside the old one");
             dead_pids.extend(all_worker_pids(&current).await);

@@ -369,7 +369,7 @@ async fn zero_downtime_restart_twice() {
     for round in 1..=2 {
         let t_start = Instant::now();
         let next = current
-            .start_beside_own_admin()
+            .start_beside()
             .await
             .expect("new dispatcher beside the old one");
         let ready = t_start.elapsed();
