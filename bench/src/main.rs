@@ -1,0 +1,341 @@
+//! `osprey-bench`: one workload, several ways to reach one MariaDB, side by side in one run
+//! on one machine.
+//!
+//! Targets:
+//! * `direct`: a `mysql_async::Pool` of `--workers` connections in this process;
+//! * `direct-unpooled`: one `mysql_async::Conn` per client task;
+//! * `osprey`: the client SDK (one `Client` per 256 client tasks, multiplexed) → a real
+//!   `osprey-dispatcher` → `--workers` `osprey-worker`s;
+//! * `haproxy`: a `mysql_async::Pool` of `--workers` connections through HAProxy (TCP mode).
+//!
+//! Each (workload, clients, target) runs `--warmup` seconds, then is measured for
+//! `--duration` seconds: queries/s, latency percentiles (HdrHistogram) and CPU µs per query
+//! of each process involved (from `/proc/<pid>/stat`, over the timed window only).
+//! See docs/BENCHMARKS.md.
+
+mod cpu;
+mod procs;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, ValueEnum};
+use futures::{StreamExt, TryStreamExt};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
+use osprey_client::{Client, ClientConfig};
+use osprey_sandbox::Sandbox;
+
+use crate::cpu::{Snapshot, Watched};
+use crate::report::RunResult;
+use crate::workload::{Handle, TaskOut, Workload};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    Direct,
+    DirectUnpooled,
+    Osprey,
+    Haproxy,
+}
+
+impl Target {
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::DirectUnpooled => "direct-unpooled",
+            Target::Osprey => "osprey",
+            Target::Haproxy => "haproxy",
+        }
+    }
+}
+
+/// Side-by-side benchmark: direct mysql_async vs Osprey vs HAProxy against one sandbox MariaDB.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Targets to drive, in this order for every (workload, clients) pair.
+    #[arg(long, value_delimiter = ',', default_value = "direct,direct-unpooled,osprey,haproxy")]
+    targets: Vec<Target>,
+    /// Workloads.
+    #[arg(long, value_delimiter = ',', default_value = "point-select,range-select,insert,mix")]
+    workloads: Vec<Workload>,
+    /// Concurrent client tasks (closed loop, one request in flight each).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256,1000")]
+    clients: Vec<usize>,
+    /// Database connections: pool size for direct/haproxy, worker count for osprey.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Timed window per run, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Untimed warm-up before each window, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Rows in sbtest1.
+    #[arg(long, default_value_t = 100_000)]
+    rows: u32,
+    /// Osprey `Client`s (connections to the dispatcher) per run; 0 = one per 256 client tasks.
+    #[arg(long, default_value_t = 0)]
+    osprey_connections: usize,
+    /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
+    #[arg(long, env = "OSPREY_BIN_DIR")]
+    bin_dir: Option<PathBuf>,
+}
+
+/// Everything the runs share.
+struct Ctx {
+    args: Args,
+    sandbox: Sandbox,
+    dispatcher: Option<procs::Dispatcher>,
+    haproxy: Option<procs::Haproxy>,
+    watched: Watched,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.clients.is_empty() || args.clients.contains(&0) {
+        bail!("--clients must list positive numbers");
+    }
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    if args.rows < 200 {
+        bail!("--rows must be at least 200");
+    }
+    // The main future runs on this thread (block_on), so children spawned from it with
+    // PR_SET_PDEATHSIG live as long as the process.
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let max_clients = *args.clients.iter().max().expect("non-empty");
+    let mut targets = args.targets.clone();
+    targets.dedup();
+
+    let haproxy_bin = procs::haproxy_binary();
+    if targets.contains(&Target::Haproxy) && haproxy_bin.is_none() {
+        eprintln!("haproxy is not installed: skipping the haproxy target");
+        targets.retain(|t| *t != Target::Haproxy);
+    }
+    let bin_dir = if targets.contains(&Target::Osprey) {
+        Some(procs::bin_dir(args.bin_dir.as_deref())?)
+    } else {
+        None
+    };
+
+    // Room for 1000 unpooled connections plus the pools and workers of the other targets.
+    let max_connections = (max_clients + 4 * args.workers + 100).max(2000) as u32;
+    eprintln!("starting the MariaDB sandbox (max_connections={max_connections}) ...");
+    let sandbox = Sandbox::builder()
+        .replicas(0)
+        .semi_sync(false)
+        .max_connections(max_connections)
+        .start()
+        .await
+        .context("starting the MariaDB sandbox")?;
+    let primary = sandbox.primary();
+    let mariadb_version = workload::load(primary, args.rows).await?;
+
+    let dispatcher = match &bin_dir {
+        Some(dir) => {
+            eprintln!(
+                "starting osprey-dispatcher from {} with {} workers ...",
+                dir.display(),
+                args.workers
+            );
+            Some(procs::Dispatcher::start(dir, primary, args.workers, max_clients).await?)
+        }
+        None => None,
+    };
+    let haproxy = match (&haproxy_bin, targets.contains(&Target::Haproxy)) {
+        (Some(bin), true) => Some(procs::Haproxy::start(bin, primary.port()).await?),
+        _ => None,
+    };
+    let watched = Watched {
+        dispatcher: dispatcher.as_ref().map(procs::Dispatcher::pid),
+        mariadb: primary.pid(),
+        haproxy: haproxy.as_ref().map(procs::Haproxy::pid),
+    };
+    let ctx = Ctx {
+        args,
+        sandbox,
+        dispatcher,
+        haproxy,
+        watched,
+    };
+
+    let mut results = Vec::new();
+    for &wl in &ctx.args.workloads {
+        for &clients in &ctx.args.clients {
+            for &target in &targets {
+                eprintln!("run: target={} workload={} clients={clients}", target.name(), wl.name());
+                let r = run_one(&ctx, target, wl, clients)
+                    .await
+                    .with_context(|| format!("{} / {} / {clients} clients", target.name(), wl.name()))?;
+                eprintln!(
+                    "     {:.0} q/s, p50 {} µs, p99 {} µs, errors {}",
+                    r.qps, r.p50_us, r.p99_us, r.errors
+                );
+                results.push(r);
+            }
+        }
+    }
+
+    let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let machine = report::machine(
+        &ctx.args,
+        &mariadb_version,
+        ctx.haproxy.as_ref().map(|h| h.version.clone()),
+        load_start.trim(),
+        load_end.trim(),
+    );
+    report::print_table(&results);
+    if let Some(path) = &ctx.args.json {
+        let doc = serde_json::json!({ "machine": machine, "command": command, "results": results });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    println!();
+    println!(
+        "machine: {}, {} cores; load average at start: {}; at end: {}",
+        machine["cpu_model"].as_str().unwrap_or("?"),
+        machine["cores"],
+        load_start.trim(),
+        load_end.trim()
+    );
+    report::print_headlines(&results);
+    Ok(())
+}
+
+fn pool_opts(base: Opts, size: usize) -> Opts {
+    let constraints = PoolConstraints::new(size, size).expect("min <= max");
+    // No COM_RESET_CONNECTION when a connection goes back to the pool: it would cost a
+    // round trip per query and drop the prepared-statement cache.
+    let pool = PoolOpts::default()
+        .with_constraints(constraints)
+        .with_reset_connection(false);
+    OptsBuilder::from_opts(base).pool_opts(pool).into()
+}
+
+fn haproxy_opts(ctx: &Ctx, port: u16) -> Opts {
+    OptsBuilder::from_opts(ctx.sandbox.primary().opts())
+        .tcp_port(port)
+        .prefer_socket(false)
+        .into()
+}
+
+/// Opens the handles the client tasks use; returns them and what to close afterwards.
+async fn handles(ctx: &Ctx, target: Target, clients: usize) -> anyhow::Result<(Vec<Handle>, Option<Pool>)> {
+    let primary = ctx.sandbox.primary();
+    let w = ctx.args.workers;
+    Ok(match target {
+        Target::Direct | Target::Haproxy => {
+            let base = if target == Target::Haproxy {
+                haproxy_opts(ctx, ctx.haproxy.as_ref().context("haproxy not started")?.port)
+            } else {
+                primary.opts()
+            };
+            let pool = Pool::new(pool_opts(base, w));
+            // Open the pool's connections before the clock starts.
+            let conns: Vec<Conn> = futures::stream::iter(0..w)
+                .map(|_| pool.get_conn())
+                .buffer_unordered(w)
+                .try_collect()
+                .await?;
+            drop(conns);
+            ((0..clients).map(|_| Handle::Pool(pool.clone())).collect(), Some(pool))
+        }
+        Target::DirectUnpooled => {
+            let opts = primary.opts();
+            let conns: Vec<Conn> = futures::stream::iter(0..clients)
+                .map(|_| Conn::new(opts.clone()))
+                .buffer_unordered(32)
+                .try_collect()
+                .await?;
+            (conns.into_iter().map(Handle::Conn).collect(), None)
+        }
+        Target::Osprey => {
+            let d = ctx.dispatcher.as_ref().context("dispatcher not started")?;
+            let n = match ctx.args.osprey_connections {
+                0 => clients.div_ceil(256),
+                n => n.min(clients),
+            };
+            let mut cs = Vec::with_capacity(n);
+            for _ in 0..n {
+                let mut cfg = ClientConfig::new(d.client_addr.to_string(), d.client_token.clone());
+                cfg.name = "osprey-bench".into();
+                cfg.max_waiting = cfg.max_waiting.max(clients * 2);
+                cs.push(Client::connect(cfg).await?);
+            }
+            ((0..clients).map(|i| Handle::Client(cs[i % n].clone())).collect(), None)
+        }
+    })
+}
+
+async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> anyhow::Result<RunResult> {
+    if wl.writes() {
+        let mut c = ctx.sandbox.primary().conn().await?;
+        c.query_drop("TRUNCATE TABLE sbtest_insert").await?;
+        c.disconnect().await?;
+    }
+    let (hs, pool) = handles(ctx, target, clients).await?;
+    let phase = Arc::new(AtomicU8::new(workload::WARMUP));
+    let rows = ctx.args.rows;
+    let tasks: Vec<_> = hs
+        .into_iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let seed = 0x9e37_79b9_7f4a_7c15u64 ^ ((i as u64 + 1) << 20) ^ clients as u64;
+            tokio::spawn(workload::client_task(h, wl, rows, seed, phase.clone()))
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_secs_f64(ctx.args.warmup)).await;
+    phase.store(workload::MEASURE, Ordering::SeqCst);
+    let before = Snapshot::take(&ctx.watched);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(ctx.args.duration)).await;
+    phase.store(workload::STOP, Ordering::SeqCst);
+    let elapsed = t0.elapsed().as_secs_f64();
+    let after = Snapshot::take(&ctx.watched);
+    let load1 = cpu::load1();
+    let cpu = cpu::delta(&before, &after);
+
+    let joined = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(tasks))
+        .await
+        .context("client tasks did not finish within 120 s of the end of the window")?;
+    let mut total = TaskOut::new();
+    let mut conns = Vec::new();
+    for j in joined {
+        let (out, h) = j.context("client task panicked")?;
+        total.merge(out);
+        if let Handle::Conn(c) = h {
+            conns.push(c);
+        }
+    }
+    futures::stream::iter(conns)
+        .for_each_concurrent(64, |c| async move {
+            let _ = c.disconnect().await;
+        })
+        .await;
+    if let Some(pool) = pool {
+        let _ = pool.disconnect().await;
+    }
+    for e in &total.first_errors {
+        eprintln!("     error: {e}");
+    }
+
+    Ok(RunResult::new(target, wl, clients, elapsed, load1, &total, &cpu))
+}
