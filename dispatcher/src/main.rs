@@ -28,6 +28,9 @@ struct Args {
     /// Runtime directory for the worker socket and credentials (overrides listen.runtime_dir).
     #[arg(long)]
     runtime_dir: Option<PathBuf>,
+    /// Runtime worker threads (default: one per CPU).
+    #[arg(long, env = "OSPREY_THREADS")]
+    threads: Option<usize>,
     /// Validate the config and exit.
     #[arg(long)]
     check_config: bool,
