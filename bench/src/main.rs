@@ -14,6 +14,7 @@
 //! See docs/BENCHMARKS.md.
 
 mod cpu;
+mod memory;
 mod procs;
 mod report;
 mod workload;
@@ -85,6 +86,13 @@ struct Args {
     /// Osprey `Client`s (connections to the dispatcher) per run; 0 = one per 256 client tasks.
     #[arg(long, default_value_t = 0)]
     osprey_connections: usize,
+    /// After the runs, hold this many idle client connections and report the dispatcher's RSS (0 = skip).
+    #[arg(long, default_value_t = 0)]
+    idle_connections: usize,
+    /// After the runs, stream a result of this many rows through osprey and report the
+    /// dispatcher's RSS growth (0 = skip).
+    #[arg(long, default_value_t = 0)]
+    stream_rows: u64,
     /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
     #[arg(long, env = "OSPREY_BIN_DIR")]
     bin_dir: Option<PathBuf>,
@@ -192,6 +200,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 
+    let mut memory = serde_json::Map::new();
+    if let Some(d) = &ctx.dispatcher {
+        if ctx.args.stream_rows > 0 {
+            memory.insert("stream".into(), memory::stream_rows(d, ctx.args.stream_rows).await?);
+        }
+        if ctx.args.idle_connections > 0 {
+            memory.insert(
+                "idle".into(),
+                memory::idle_connections(d, ctx.args.idle_connections).await?,
+            );
+        }
+    }
+
     let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let machine = report::machine(
         &ctx.args,
@@ -202,7 +223,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     report::print_table(&results);
     if let Some(path) = &ctx.args.json {
-        let doc = serde_json::json!({ "machine": machine, "command": command, "results": results });
+        let doc = serde_json::json!({ "machine": machine, "command": command, "results": results, "memory": memory });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
