@@ -72,7 +72,7 @@ pub async fn stream_rows(d: &Dispatcher, rows: u64) -> anyhow::Result<serde_json
     while let Some(item) = stream.next().await {
         if let osprey_client::StreamItem::Row(_) = item? {
             got += 1;
-            if got % 10_000 == 0 {
+            if got.is_multiple_of(10_000) {
                 peak = peak.max(rss_kib(d.pid())?);
             }
         }
