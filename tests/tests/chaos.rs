@@ -393,10 +393,7 @@ async fn chaos() {
         let t = Instant::now();
         if restarts_done < restarts_at.len() && started.elapsed() >= restarts_at[restarts_done] {
             restarts_done += 1;
-            let next = current
-                .start_beside()
-                .await
-                .expect("new dispatcher beside the old one");
+            let next = current.start_beside().await.expect("new dispatcher beside the old one");
             dead_pids.extend(all_worker_pids(&current).await);
             let old_pid = current.pid();
             current.signal(Signal::SIGTERM);

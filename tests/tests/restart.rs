@@ -368,10 +368,7 @@ async fn zero_downtime_restart_twice() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for round in 1..=2 {
         let t_start = Instant::now();
-        let next = current
-            .start_beside()
-            .await
-            .expect("new dispatcher beside the old one");
+        let next = current.start_beside().await.expect("new dispatcher beside the old one");
         let ready = t_start.elapsed();
         let served_before = opened(&next).await;
         let pids = worker_pids(&current).await;

@@ -1,8 +1,9 @@
 //! Which streams are open, which one is executing, and stopping it: a `CANCEL` from the
 //! dispatcher or a request's own timeout turns into `KILL QUERY` on a side connection.
 //!
-//! Shared between the reader task (which must act on `CANCEL` while a query runs) and
-//! the executor. The lock is never held across an `.await`.
+//! Shared between the link reader (which acts on `CANCEL` while a query runs), the
+//! executor, and the tasks of request timers and `KILL QUERY`. The lock is never held
+//! across an `.await`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,7 @@
 //! One `REQUEST` in, its frames out: `COLUMNS`/`ROWS` per result set, then `END`, or
 //! `ERROR` + `END`. Rows are streamed in batches, never collected.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -15,7 +16,7 @@ use tracing::{debug, warn};
 
 use crate::cancel::{StopReason, Tracker};
 use crate::convert::{self, ColumnKind};
-use crate::link::{LinkGone, Outbox};
+use crate::link::{LinkGone, LinkOut};
 use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
 
 /// Room left in a frame for everything around the row values.
@@ -54,7 +55,6 @@ pub struct BatchLimits {
 /// Runs requests on the worker's one database session.
 pub struct Executor {
     conn: Conn,
-    outbox: Outbox,
     tracker: Tracker,
     limits: BatchLimits,
     /// The server is MariaDB (`SET STATEMENT max_statement_time` is available).
@@ -64,10 +64,9 @@ pub struct Executor {
 }
 
 impl Executor {
-    pub fn new(conn: Conn, outbox: Outbox, tracker: Tracker, limits: BatchLimits, mariadb: bool) -> Executor {
+    pub fn new(conn: Conn, tracker: Tracker, limits: BatchLimits, mariadb: bool) -> Executor {
         Executor {
             conn,
-            outbox,
             tracker,
             limits,
             mariadb,
@@ -101,10 +100,11 @@ impl Executor {
         }
     }
 
-    /// Answers one `REQUEST` frame completely. `Err` only when the link is gone.
-    pub async fn serve(&mut self, frame: Frame) -> Result<Outcome, LinkGone> {
+    /// Answers one `REQUEST` frame completely (its frames leave with one flush, plus
+    /// one per full `ROWS` batch). `Err` only when the link is gone.
+    pub async fn serve(&mut self, frame: Frame, link: &LinkOut) -> Result<Outcome, LinkGone> {
         let stream = frame.stream;
-        let mut out = Emitter::new(&self.outbox, stream, self.limits);
+        let mut out = Emitter::new(link, stream, self.limits);
         let request: Request = match frame.body() {
             Ok(r) => r,
             Err(e) => {
@@ -179,12 +179,12 @@ impl Executor {
         let mut acc = Summary::default();
         let result = if request.batch.is_empty() {
             let sql = match server_timeout {
-                Some(ms) => format!(
+                Some(ms) => Cow::Owned(format!(
                     "SET STATEMENT max_statement_time={:.3} FOR {}",
                     ms as f64 / 1000.0,
                     request.sql
-                ),
-                None => request.sql.clone(),
+                )),
+                None => Cow::Borrowed(request.sql.as_str()),
             };
             run_statement(&mut self.conn, &sql, &request.params, &mut out, &mut acc).await
         } else {
@@ -224,8 +224,8 @@ impl Executor {
             Err(e) => {
                 let (body, outcome) = error_body(&e, stop);
                 match outcome {
-                    Outcome::Fatal => warn!(error = %e, "fatal database error"),
-                    Outcome::Served => debug!(error = %e, "request failed"),
+                    Outcome::Fatal => warn!(stream, error = %e, "fatal database error"),
+                    Outcome::Served => debug!(stream, error = %e, "request failed"),
                 }
                 out.discard();
                 out.fail(body).await?;
@@ -253,25 +253,27 @@ async fn end_open_transaction(conn: &mut Conn) {
 /// Statements that would leave transaction or lock state behind for the next
 /// request on this session (statement-level pooling, like PgBouncer's statement mode).
 fn opens_session_state(sql: &str) -> bool {
-    let words: Vec<String> = sql
+    // Runs on every request: look at the first two words without allocating.
+    let mut words = sql
         .split(|c: char| c.is_whitespace() || c == ';' || c == '=')
-        .filter(|w| !w.is_empty())
-        .take(2)
-        .map(str::to_ascii_lowercase)
-        .collect();
-    let first = words.first().map(String::as_str).unwrap_or("");
-    let second = words.get(1).map(String::as_str).unwrap_or("");
-    match first {
-        "begin" => second != "not",
-        "start" => second == "transaction",
-        "lock" => second == "table" || second == "tables",
-        "xa" => second == "start" || second == "begin",
-        "set" => {
-            second == "autocommit"
-                || second == "@@autocommit"
-                || second == "session" && sql.to_ascii_lowercase().contains("autocommit")
-        }
-        _ => false,
+        .filter(|w| !w.is_empty());
+    let first = words.next().unwrap_or("");
+    let second = words.next().unwrap_or("");
+    let is = |w: &str, lit: &str| w.eq_ignore_ascii_case(lit);
+    if is(first, "begin") {
+        !is(second, "not")
+    } else if is(first, "start") {
+        is(second, "transaction")
+    } else if is(first, "lock") {
+        is(second, "table") || is(second, "tables")
+    } else if is(first, "xa") {
+        is(second, "start") || is(second, "begin")
+    } else if is(first, "set") {
+        is(second, "autocommit")
+            || is(second, "@@autocommit")
+            || is(second, "session") && sql.to_ascii_lowercase().contains("autocommit")
+    } else {
+        false
     }
 }
 
@@ -441,7 +443,7 @@ fn is_plain_select(sql: &str) -> bool {
 
 /// Builds the frames of one stream: result sets, row batches, the terminal frame.
 struct Emitter<'o> {
-    outbox: &'o Outbox,
+    link: &'o LinkOut,
     stream: u32,
     limits: BatchLimits,
     next_result_set: u32,
@@ -451,9 +453,9 @@ struct Emitter<'o> {
 }
 
 impl<'o> Emitter<'o> {
-    fn new(outbox: &'o Outbox, stream: u32, limits: BatchLimits) -> Emitter<'o> {
+    fn new(link: &'o LinkOut, stream: u32, limits: BatchLimits) -> Emitter<'o> {
         Emitter {
-            outbox,
+            link,
             stream,
             limits,
             next_result_set: 0,
@@ -471,12 +473,14 @@ impl<'o> Emitter<'o> {
 
     async fn columns(&mut self, columns: &[mysql_async::Column]) -> Result<(), LinkGone> {
         self.flush_rows(false).await?;
+
         let body = Columns {
             result_set: self.next_result_set,
             columns: columns.iter().map(convert::column).collect(),
         };
         self.next_result_set += 1;
-        self.outbox.feed(Frame::new(Kind::Columns, self.stream, &body)).await
+        self.link.push(&Frame::new(Kind::Columns, self.stream, &body));
+        Ok(())
     }
 
     async fn row(&mut self, row: Vec<Value>) -> Result<(), ExecError> {
@@ -503,10 +507,10 @@ impl<'o> Emitter<'o> {
             };
             self.sent_rows += rows.rows.len() as u64;
             self.bytes = 0;
-            self.outbox.feed(Frame::new(Kind::Rows, self.stream, &rows)).await?;
+            self.link.push(&Frame::new(Kind::Rows, self.stream, &rows));
         }
         if flush {
-            self.outbox.flush().await?;
+            self.link.flush().await?;
         }
         Ok(())
     }
@@ -517,11 +521,11 @@ impl<'o> Emitter<'o> {
     }
 
     async fn end(&mut self, end: &End) -> Result<(), LinkGone> {
-        self.outbox.send(Frame::new(Kind::End, self.stream, end)).await
+        self.link.send(&Frame::new(Kind::End, self.stream, end)).await
     }
 
     async fn fail(&mut self, body: ErrorBody) -> Result<(), LinkGone> {
-        self.outbox.feed(Frame::new(Kind::Error, self.stream, &body)).await?;
+        self.link.push(&Frame::new(Kind::Error, self.stream, &body));
         self.end(&End::default()).await
     }
 }

@@ -1,28 +1,38 @@
-//! The link to the dispatcher: registration, the reader task (pings, cancels, requests)
-//! and the writer task (frames out, batched flushes, keepalive pings).
+//! The link to the dispatcher: registration, then one [`Link`] that the serving loop
+//! drives itself (no reader or writer task, no channels): frames out are encoded into one
+//! buffer and written with one `write` per flush; frames in are read while a statement runs
+//! too ([`Link::drive`]), so `PING` is answered and `CANCEL` acted on at once.
 
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::Path;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use bytes::{Buf, BytesMut};
 use futures::{SinkExt, StreamExt};
 use osprey_protocol::{
     ErrorBody, Frame, FrameCodec, Hello, HelloAck, Kind, Ping, ProtocolError, HEADER_LEN, PROTOCOL_MAJOR,
 };
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, Interest, ReadBuf};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, timeout, Instant, Sleep};
 use tokio_util::codec::{FramedRead, FramedWrite};
-use tracing::{debug, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cancel::{StopReason, Tracker};
+use crate::exit;
 
 /// How long the dispatcher has to answer `HELLO`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Frames queued between the executor/reader and the writer task (bounded: a
-/// dispatcher that stops reading stalls the worker instead of growing its memory).
-const OUTBOX_CAPACITY: usize = 32;
 
 pub type LinkReader = FramedRead<OwnedReadHalf, FrameCodec>;
 pub type LinkWriter = FramedWrite<OwnedWriteHalf, FrameCodec>;
@@ -90,101 +100,171 @@ pub async fn register(path: &Path, hello: &Hello) -> Result<Registered, Register
     }
 }
 
-/// What the writer task is asked to do.
-#[derive(Debug)]
-pub enum Out {
-    /// Queue a frame (no flush).
-    Frame(Frame),
-    /// Flush everything queued.
-    Flush,
-    /// Flush, then answer: everything sent before has left the process.
-    Sync(oneshot::Sender<()>),
-}
-
-/// The link's writer task is gone (the dispatcher closed the link).
+/// The link to the dispatcher is closed (or a write to it failed).
 #[derive(Debug, thiserror::Error)]
 #[error("link to the dispatcher is closed")]
 pub struct LinkGone;
 
-/// Handle to the writer task.
-#[derive(Debug, Clone)]
-pub struct Outbox(mpsc::Sender<Out>);
+/// The link's socket after registration, registered with the runtime for *readability
+/// only*: with the usual read+write registration every time the dispatcher drains what we
+/// wrote, an edge-triggered `EPOLLOUT` wakes the idle worker for nothing (seen on ~15 % of
+/// requests). Writes are plain non-blocking writes; only when the socket is full does
+/// [`LinkOut::flush`] wait for writability, on a duplicate descriptor registered for that.
+type Sock = Rc<AsyncFd<StdUnixStream>>;
 
-impl Outbox {
-    pub fn new() -> (Outbox, mpsc::Receiver<Out>) {
-        let (tx, rx) = mpsc::channel(OUTBOX_CAPACITY);
-        (Outbox(tx), rx)
-    }
+/// Events read while a statement runs are queued up to this many; past it the link is
+/// not read until the statement ends (the dispatcher sends one request at a time).
+const MAX_QUEUED_EVENTS: usize = 16;
 
-    /// Queues a frame; it goes out at the next flush.
-    pub async fn feed(&self, frame: Frame) -> Result<(), LinkGone> {
-        self.0.send(Out::Frame(frame)).await.map_err(|_| LinkGone)
-    }
+/// Largest read per `recv` (the buffer part handed to the kernel is zeroed first).
+const READ_CHUNK: usize = 4096;
 
-    pub async fn flush(&self) -> Result<(), LinkGone> {
-        self.0.send(Out::Flush).await.map_err(|_| LinkGone)
-    }
-
-    /// Queues a frame and flushes.
-    pub async fn send(&self, frame: Frame) -> Result<(), LinkGone> {
-        self.feed(frame).await?;
-        self.flush().await
-    }
-
-    /// Waits until everything queued so far has been written to the socket.
-    pub async fn sync(&self) -> Result<(), LinkGone> {
-        let (tx, rx) = oneshot::channel();
-        self.0.send(Out::Sync(tx)).await.map_err(|_| LinkGone)?;
-        rx.await.map_err(|_| LinkGone)
-    }
+fn watch(sock: StdUnixStream, interest: Interest) -> io::Result<AsyncFd<StdUnixStream>> {
+    // SAFETY: the `AsyncFd` owns the `UnixStream`, which owns its descriptor: it stays open,
+    // and `as_raw_fd` returns the same one, until the `AsyncFd` is dropped.
+    Ok(unsafe { AsyncFd::register_with_interest(sock, interest) }?)
 }
 
-/// Writer task: feeds frames, flushes on request, and sends a `PING` whenever nothing
-/// was written for `keepalive` (so the dispatcher sees traffic during long queries).
-/// Returns when the socket fails or every [`Outbox`] is dropped.
-pub async fn write_loop(
-    mut writer: LinkWriter,
-    mut rx: mpsc::Receiver<Out>,
-    keepalive: Duration,
-) -> Result<(), ProtocolError> {
-    let mut last_write = Instant::now();
-    let mut nonce = 0u64;
-    loop {
-        tokio::select! {
-            msg = rx.recv() => match msg {
-                None => {
-                    flush(&mut writer).await?;
-                    return Ok(());
-                }
-                Some(Out::Frame(f)) => {
-                    if f.payload.len() > writer.encoder().max_payload() {
-                        // Never reached in practice: the executor cuts batches below it.
-                        warn!(kind = f.kind.name(), len = f.payload.len(), "dropping oversized frame");
-                        continue;
+/// The read side of [`Sock`], for `FramedRead`.
+pub struct SockRead(Sock);
+
+impl AsyncRead for SockRead {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let mut guard = ready!(self.0.poll_read_ready(cx))?;
+            let want = buf.remaining().min(READ_CHUNK);
+            let dst = buf.initialize_unfilled_to(want);
+            match guard.try_io(|fd| fd.get_ref().read(dst)) {
+                Ok(Ok(n)) => {
+                    if n > 0 && n < want {
+                        // A short read emptied the socket (as tokio's own streams assume):
+                        // wait for the next edge instead of paying a `recv` for EAGAIN.
+                        guard.clear_ready();
                     }
-                    writer.feed(f).await?;
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
                 }
-                Some(Out::Flush) => {
-                    flush(&mut writer).await?;
-                    last_write = Instant::now();
-                }
-                Some(Out::Sync(done)) => {
-                    flush(&mut writer).await?;
-                    last_write = Instant::now();
-                    let _ = done.send(());
-                }
-            },
-            _ = sleep_until(last_write + keepalive) => {
-                nonce += 1;
-                writer.send(Frame::new(Kind::Ping, 0, &Ping { nonce })).await?;
-                last_write = Instant::now();
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => {}
             }
         }
     }
 }
 
-async fn flush(writer: &mut LinkWriter) -> Result<(), ProtocolError> {
-    SinkExt::<Frame>::flush(writer).await
+/// Turns the registration-time halves into the serving-time [`Link`] parts.
+pub fn split_registered(
+    reader: LinkReader,
+    writer: LinkWriter,
+) -> io::Result<(FramedRead<SockRead, FrameCodec>, LinkOut)> {
+    let max_payload = writer.encoder().max_payload();
+    let decoder = reader.decoder().clone();
+    // Bytes the dispatcher sent right after HELLO_ACK, if any, must not be lost.
+    let leftover = reader.read_buffer().clone();
+    // Registration flushed every frame it wrote: nothing is buffered in `writer`.
+    let stream = reader
+        .into_inner()
+        .reunite(writer.into_inner())
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let std = stream.into_std()?;
+    let sock: Sock = Rc::new(watch(std, Interest::READABLE)?);
+    let mut framed = FramedRead::new(SockRead(sock.clone()), decoder);
+    framed.read_buffer_mut().extend_from_slice(&leftover);
+    Ok((framed, LinkOut::new(sock, max_payload)))
+}
+
+/// The sending side: frames are encoded into one buffer; [`LinkOut::flush`] writes it.
+///
+/// Shared by reference between the executor and the link reader (both run in the one
+/// serving future, so no lock); a `RefCell` borrow is never held across an `.await`.
+/// Memory stays bounded: the executor flushes (and so waits for the dispatcher to read)
+/// after every `ROWS` batch; the reader adds only small `PONG`s.
+pub struct LinkOut {
+    sock: Sock,
+    buf: RefCell<BytesMut>,
+    max_payload: usize,
+    last_write: Cell<Instant>,
+}
+
+impl LinkOut {
+    fn new(sock: Sock, max_payload: usize) -> LinkOut {
+        LinkOut {
+            sock,
+            buf: RefCell::new(BytesMut::with_capacity(8 * 1024)),
+            max_payload,
+            last_write: Cell::new(Instant::now()),
+        }
+    }
+
+    /// Queues a frame; it goes out at the next flush.
+    pub fn push(&self, frame: &Frame) {
+        if frame.payload.len() > self.max_payload {
+            // Never reached in practice: the executor cuts batches below it.
+            warn!(
+                kind = frame.kind.name(),
+                len = frame.payload.len(),
+                "dropping oversized frame"
+            );
+            return;
+        }
+        frame.encode_to(&mut self.buf.borrow_mut());
+    }
+
+    /// Whether frames are waiting to be written.
+    pub fn has_pending(&self) -> bool {
+        !self.buf.borrow().is_empty()
+    }
+
+    /// Writes what the socket takes now without waiting. `Ok(true)` when all is written.
+    pub fn try_flush(&self) -> Result<bool, LinkGone> {
+        let mut buf = self.buf.borrow_mut();
+        while !buf.is_empty() {
+            match self.sock.get_ref().write(&buf) {
+                Ok(0) => return Err(LinkGone),
+                Ok(n) => {
+                    buf.advance(n);
+                    self.last_write.set(Instant::now());
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    debug!(error = %e, "link write error");
+                    return Err(LinkGone);
+                }
+            }
+        }
+        buf.clear();
+        Ok(true)
+    }
+
+    /// Writes everything queued, waiting while the dispatcher does not read.
+    pub async fn flush(&self) -> Result<(), LinkGone> {
+        while !self.try_flush()? {
+            self.writable().await.map_err(|e| {
+                debug!(error = %e, "waiting for the link to take writes");
+                LinkGone
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the socket takes writes again (rare: the dispatcher is not reading).
+    async fn writable(&self) -> io::Result<()> {
+        let dup = StdUnixStream::from(self.sock.get_ref().as_fd().try_clone_to_owned()?);
+        let fd = watch(dup, Interest::WRITABLE)?;
+        let _ready = fd.writable().await?;
+        Ok(())
+    }
+
+    /// Queues a frame and flushes.
+    pub async fn send(&self, frame: &Frame) -> Result<(), LinkGone> {
+        self.push(frame);
+        self.flush().await
+    }
+
+    fn last_write(&self) -> Instant {
+        self.last_write.get()
+    }
 }
 
 /// Something the serving loop must act on, in arrival order.
@@ -195,7 +275,7 @@ pub enum Event {
     GoAway,
 }
 
-/// Why the reader stopped.
+/// Why the link stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkEnd {
     #[error("dispatcher closed the link")]
@@ -206,65 +286,186 @@ pub enum LinkEnd {
     Protocol(String),
 }
 
-/// Reader task: answers `PING` at once, hands `CANCEL` to the tracker (so it works while
-/// a query runs), forwards requests and quit/goaway to the serving loop.
-pub async fn read_loop(
-    mut reader: LinkReader,
-    events: mpsc::Sender<Event>,
-    outbox: Outbox,
-    tracker: Tracker,
-    silence: Duration,
-) -> LinkEnd {
-    loop {
-        let frame = match timeout(silence, reader.next()).await {
-            Err(_) => return LinkEnd::Silent(silence),
-            Ok(None) => return LinkEnd::Closed,
-            Ok(Some(Err(ProtocolError::Io(e)))) => {
-                debug!(error = %e, "link read error");
-                return LinkEnd::Closed;
+impl LinkEnd {
+    /// Logs why and gives the exit code.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LinkEnd::Closed | LinkEnd::Silent(_) => {
+                info!("{self}; exiting");
+                exit::OK
             }
-            Ok(Some(Err(e))) => return LinkEnd::Protocol(e.to_string()),
-            Ok(Some(Ok(f))) => f,
+            LinkEnd::Protocol(_) => {
+                error!("{self}");
+                exit::INTERNAL
+            }
+        }
+    }
+}
+
+impl From<LinkGone> for LinkEnd {
+    fn from(_: LinkGone) -> LinkEnd {
+        LinkEnd::Closed
+    }
+}
+
+/// The receiving side plus the link's timers: answers `PING` at once, hands `CANCEL` to
+/// the tracker, queues requests and quit/goaway for the serving loop, sends a `PING` when
+/// nothing was written for `keepalive`, and gives up after `silence` without a frame.
+pub struct Link {
+    reader: FramedRead<SockRead, FrameCodec>,
+    tracker: Tracker,
+    events: VecDeque<Event>,
+    keepalive: Duration,
+    silence: Duration,
+    last_read: Instant,
+    nonce: u64,
+    /// One timer for keepalive, silence and the caller's own deadline ([`Link::set_extra`]).
+    /// It is re-armed only when it fires (the deadlines only move later), not per frame.
+    timer: Pin<Box<Sleep>>,
+    extra: Option<Instant>,
+}
+
+/// What woke [`Link::next`].
+pub enum Wake {
+    Event(Event),
+    /// The timer fired (keepalive and silence are handled): check the caller's deadline.
+    Timer,
+}
+
+impl Link {
+    pub fn new(
+        reader: FramedRead<SockRead, FrameCodec>,
+        tracker: Tracker,
+        keepalive: Duration,
+        silence: Duration,
+    ) -> Link {
+        let now = Instant::now();
+        Link {
+            reader,
+            tracker,
+            events: VecDeque::new(),
+            keepalive,
+            silence,
+            last_read: now,
+            nonce: 0,
+            timer: Box::pin(sleep_until(now + keepalive.min(silence))),
+            extra: None,
+        }
+    }
+
+    /// A deadline of the caller's (the timer fires at it, or earlier).
+    pub fn set_extra(&mut self, at: Option<Instant>, out: &LinkOut) {
+        self.extra = at;
+        self.rearm(out);
+    }
+
+    fn rearm(&mut self, out: &LinkOut) {
+        let mut at = (out.last_write() + self.keepalive).min(self.last_read + self.silence);
+        // A caller's deadline that passed while it was busy (e.g. in a long statement) is
+        // looked at when the caller next waits; re-arming to it would spin.
+        if let Some(e) = self.extra.filter(|e| *e > Instant::now()) {
+            at = at.min(e);
+        }
+        self.timer.as_mut().reset(at);
+    }
+
+    /// The timer fired: keepalive ping, silence check, re-arm.
+    fn on_timer(&mut self, out: &LinkOut) -> Result<(), LinkEnd> {
+        let now = Instant::now();
+        if self.events.len() >= MAX_QUEUED_EVENTS {
+            // Not reading on purpose (the queue is full): that is not the dispatcher's silence.
+            self.last_read = now;
+        } else if now >= self.last_read + self.silence {
+            return Err(LinkEnd::Silent(self.silence));
+        }
+        if now >= out.last_write() + self.keepalive {
+            self.nonce += 1;
+            out.push(&Frame::new(Kind::Ping, 0, &Ping { nonce: self.nonce }));
+            // Counts as a write even if the socket is full (the bytes go at the next flush).
+            out.last_write.set(now);
+            out.try_flush()?;
+        }
+        self.rearm(out);
+        Ok(())
+    }
+
+    fn on_frame(&mut self, next: Option<Result<Frame, ProtocolError>>, out: &LinkOut) -> Result<(), LinkEnd> {
+        let frame = match next {
+            None => return Err(LinkEnd::Closed),
+            Some(Err(ProtocolError::Io(e))) => {
+                debug!(error = %e, "link read error");
+                return Err(LinkEnd::Closed);
+            }
+            Some(Err(e)) => return Err(LinkEnd::Protocol(e.to_string())),
+            Some(Ok(f)) => f,
         };
+        self.last_read = Instant::now();
         match frame.kind {
             Kind::Ping => {
-                let ping: Ping = match frame.body() {
-                    Ok(p) => p,
-                    Err(e) => return LinkEnd::Protocol(e.to_string()),
-                };
-                if outbox.send(Frame::new(Kind::Pong, 0, &ping)).await.is_err() {
-                    return LinkEnd::Closed;
-                }
+                let ping: Ping = frame.body().map_err(|e| LinkEnd::Protocol(e.to_string()))?;
+                out.push(&Frame::new(Kind::Pong, 0, &ping));
+                // Whatever the socket does not take now goes with the next flush.
+                out.try_flush()?;
             }
             Kind::Pong => {}
             Kind::Cancel => {
                 debug!(stream = frame.stream, "cancel");
-                tracker.stop(frame.stream, StopReason::Cancelled);
+                self.tracker.stop(frame.stream, StopReason::Cancelled);
             }
             Kind::Request => {
-                tracker.opened(frame.stream);
-                if events.send(Event::Request(frame)).await.is_err() {
-                    return LinkEnd::Closed;
-                }
+                self.tracker.opened(frame.stream);
+                self.events.push_back(Event::Request(frame));
             }
-            Kind::QuitNow | Kind::GoAway => {
-                let ev = if frame.kind == Kind::QuitNow {
-                    Event::QuitNow
-                } else {
-                    Event::GoAway
-                };
-                if events.send(ev).await.is_err() {
-                    return LinkEnd::Closed;
-                }
-            }
+            Kind::QuitNow => self.events.push_back(Event::QuitNow),
+            Kind::GoAway => self.events.push_back(Event::GoAway),
             Kind::Error if frame.stream == 0 => {
                 let why = frame
                     .body::<ErrorBody>()
                     .map(|b| b.to_string())
                     .unwrap_or_else(|e| e.to_string());
-                return LinkEnd::Protocol(format!("dispatcher sent ERROR on stream 0: {why}"));
+                return Err(LinkEnd::Protocol(format!("dispatcher sent ERROR on stream 0: {why}")));
             }
-            other => return LinkEnd::Protocol(format!("unexpected {} frame on stream {}", other.name(), frame.stream)),
+            other => {
+                return Err(LinkEnd::Protocol(format!(
+                    "unexpected {} frame on stream {}",
+                    other.name(),
+                    frame.stream
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the next event (or the timer), keeping the link alive meanwhile.
+    pub async fn next(&mut self, out: &LinkOut) -> Result<Wake, LinkEnd> {
+        loop {
+            if let Some(ev) = self.events.pop_front() {
+                return Ok(Wake::Event(ev));
+            }
+            tokio::select! {
+                biased;
+                next = self.reader.next(), if self.events.len() < MAX_QUEUED_EVENTS => self.on_frame(next, out)?,
+                res = out.flush(), if out.has_pending() => res?,
+                _ = &mut self.timer => {
+                    self.on_timer(out)?;
+                    return Ok(Wake::Timer);
+                }
+            }
+        }
+    }
+
+    /// Runs `work` (a statement, a connect) while answering pings, acting on cancels and
+    /// queueing other events for [`Link::next`].
+    pub async fn drive<F: Future>(&mut self, out: &LinkOut, work: F) -> Result<F::Output, LinkEnd> {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                biased;
+                done = &mut work => return Ok(done),
+                next = self.reader.next(), if self.events.len() < MAX_QUEUED_EVENTS => self.on_frame(next, out)?,
+                res = out.flush(), if out.has_pending() => res?,
+                _ = &mut self.timer => self.on_timer(out)?,
+            }
         }
     }
 }

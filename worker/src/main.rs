@@ -46,13 +46,12 @@ use osprey_protocol::{
     ErrorBody, ErrorCode, Frame, Hello, Kind, Origin, QuitRequest, Ready, Role, WorkerSettings, PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
 };
-use tokio::sync::mpsc;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::cancel::Tracker;
 use crate::execute::{BatchLimits, Executor, Outcome};
-use crate::link::{Event, LinkEnd, Outbox, RegisterError};
+use crate::link::{Event, Link, LinkEnd, LinkOut, RegisterError, Wake};
 use crate::recycle::Recycler;
 use crate::session::Killer;
 
@@ -170,55 +169,32 @@ async fn run(args: Args, secret: String, started: Instant) -> i32 {
         ms => Duration::from_millis(ms),
     };
     let max_payload = reg.ack.max_payload as usize;
-    let (outbox, out_rx) = Outbox::new();
     let tracker = Tracker::default();
-    let (ev_tx, ev_rx) = mpsc::channel(16);
-    let mut writer = tokio::spawn(link::write_loop(reg.writer, out_rx, keepalive));
-    let mut reader = tokio::spawn(link::read_loop(
-        reg.reader,
-        ev_tx,
-        outbox.clone(),
-        tracker.clone(),
-        keepalive * 3,
-    ));
-
-    let serving = serve(settings, outbox, tracker, ev_rx, started, keepalive, max_payload);
-    tokio::select! {
-        end = &mut reader => match end {
-            Ok(e @ (LinkEnd::Closed | LinkEnd::Silent(_))) => {
-                info!("{e}; exiting");
-                exit::OK
-            }
-            Ok(e @ LinkEnd::Protocol(_)) => {
-                error!("{e}");
-                exit::INTERNAL
-            }
-            Err(e) => {
-                error!(error = %e, "reader task failed");
-                exit::INTERNAL
-            }
-        },
-        end = &mut writer => {
-            match end {
-                Ok(Ok(())) => info!("link closed; exiting"),
-                Ok(Err(e)) => info!(error = %e, "link write failed; exiting"),
-                Err(e) => error!(error = %e, "writer task failed"),
-            }
-            exit::OK
+    // One future does everything (reads, executes, writes): no reader/writer tasks, no
+    // channels, so a request costs no task hand-offs and its answer one write.
+    let (reader, out) = match link::split_registered(reg.reader, reg.writer) {
+        Ok(parts) => parts,
+        Err(e) => {
+            error!(error = %e, "cannot set up the link");
+            return exit::INTERNAL;
         }
-        code = serving => code,
+    };
+    let mut link = Link::new(reader, tracker.clone(), keepalive, keepalive * 3);
+    match serve(settings, &mut link, &out, tracker, started, keepalive, max_payload).await {
+        Ok(code) => code,
+        Err(end) => end.exit_code(),
     }
 }
 
 async fn serve(
     settings: WorkerSettings,
-    outbox: Outbox,
+    link: &mut Link,
+    out: &LinkOut,
     tracker: Tracker,
-    mut events: mpsc::Receiver<Event>,
     started: Instant,
     keepalive: Duration,
     max_payload: usize,
-) -> i32 {
+) -> Result<i32, LinkEnd> {
     let backend = &settings.backend;
     let opts = session::opts(backend);
     let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
@@ -233,14 +209,13 @@ async fn serve(
                 })?;
         Ok::<_, session::SessionError>((conn, version.unwrap_or_default()))
     };
-    let (conn, server_version) = match opened.await {
+    let (conn, server_version) = match link.drive(out, opened).await? {
         Ok(c) => c,
         Err(e) => {
             error!(error = %e, "database unreachable");
             let body = ErrorBody::undispatched(Origin::Worker, ErrorCode::BackendUnavailable, e.to_string());
-            let _ = outbox.send(Frame::new(Kind::Error, 0, &body)).await;
-            let _ = outbox.sync().await;
-            return exit::DATABASE_UNREACHABLE;
+            let _ = out.send(&Frame::new(Kind::Error, 0, &body)).await;
+            return Ok(exit::DATABASE_UNREACHABLE);
         }
     };
     let db_connection_id = conn.id();
@@ -251,79 +226,71 @@ async fn serve(
         timeout: connect_timeout,
     });
     let mariadb = server_version.contains("MariaDB");
-    if outbox
-        .send(Frame::new(
-            Kind::Ready,
-            0,
-            &Ready {
-                db_connection_id,
-                server_version,
-            },
-        ))
-        .await
-        .is_err()
-    {
-        return exit::OK;
-    }
+    out.send(&Frame::new(
+        Kind::Ready,
+        0,
+        &Ready {
+            db_connection_id,
+            server_version,
+        },
+    ))
+    .await?;
 
     let limits = BatchLimits {
         rows: settings.batch_rows as usize,
         bytes: settings.batch_bytes as usize,
         max_payload,
     };
-    let mut exec = Executor::new(conn, outbox.clone(), tracker, limits, mariadb);
+    let mut exec = Executor::new(conn, tracker, limits, mariadb);
     let mut recycler = Recycler::new(settings.max_requests, settings.max_age_ms, started);
     let idle_check = keepalive.max(MIN_IDLE_CHECK);
     let mut last_db_use = Instant::now();
+    // The link's timer also wakes us for the age limit and the idle check; it is re-armed
+    // when it fires (firing early is harmless: both deadlines only move later).
+    let deadline = |recycler: &Recycler, last_db_use: Instant| {
+        let idle = last_db_use + idle_check;
+        Some(recycler.deadline().map_or(idle, |age| age.min(idle)))
+    };
+    link.set_extra(deadline(&recycler, last_db_use), out);
 
     loop {
-        let age_deadline = recycler.deadline();
-        tokio::select! {
-            ev = events.recv() => match ev {
-                None => return exit::OK, // the reader ended; run() reports why
-                Some(Event::Request(frame)) => {
-                    let span = info_span!("request", stream = frame.stream);
-                    let outcome = match exec.serve(frame).instrument(span).await {
-                        Ok(o) => o,
-                        Err(_) => return exit::OK,
-                    };
-                    last_db_use = Instant::now();
-                    recycler.served_one();
-                    if outcome == Outcome::Fatal {
-                        let _ = outbox.sync().await;
-                        return exit::DATABASE_FATAL;
-                    }
-                    if ask_to_quit(&mut recycler, &outbox, "").await.is_err() {
-                        return exit::OK;
-                    }
-                }
-                Some(ev @ (Event::QuitNow | Event::GoAway)) => {
-                    info!(event = ?ev, served = recycler.served(), "quitting");
-                    exec.close().await;
-                    let _ = outbox.sync().await;
-                    return exit::OK;
-                }
-            },
-            _ = sleep_until(age_deadline.unwrap_or(last_db_use)), if age_deadline.is_some() => {
-                if ask_to_quit(&mut recycler, &outbox, "").await.is_err() {
-                    return exit::OK;
-                }
-            }
-            _ = sleep_until(last_db_use + idle_check) => {
+        match link.next(out).await? {
+            Wake::Event(Event::Request(frame)) => {
+                let outcome = link.drive(out, exec.serve(frame, out)).await??;
                 last_db_use = Instant::now();
-                if let Err(e) = exec.check_idle().await {
-                    warn!(error = %e, "idle database session lost");
-                    if ask_to_quit(&mut recycler, &outbox, "database_lost").await.is_err() {
-                        return exit::OK;
+                recycler.served_one();
+                if outcome == Outcome::Fatal {
+                    out.flush().await?;
+                    return Ok(exit::DATABASE_FATAL);
+                }
+                ask_to_quit(&mut recycler, out, "").await?;
+            }
+            Wake::Event(ev @ (Event::QuitNow | Event::GoAway)) => {
+                info!(event = ?ev, served = recycler.served(), "quitting");
+                link.drive(out, exec.close()).await?;
+                out.flush().await?;
+                return Ok(exit::OK);
+            }
+            Wake::Timer => {
+                let now = Instant::now();
+                if recycler.deadline().is_some_and(|d| now >= d) {
+                    ask_to_quit(&mut recycler, out, "").await?;
+                }
+                if now >= last_db_use + idle_check {
+                    last_db_use = now;
+                    if let Err(e) = link.drive(out, exec.check_idle()).await? {
+                        warn!(error = %e, "idle database session lost");
+                        ask_to_quit(&mut recycler, out, "database_lost").await?;
                     }
                 }
+                link.set_extra(deadline(&recycler, last_db_use), out);
             }
         }
     }
 }
 
 /// Sends `QUIT_REQUEST` once: for `forced` if non-empty, else if the recycling policy says so.
-async fn ask_to_quit(recycler: &mut Recycler, outbox: &Outbox, forced: &'static str) -> Result<(), link::LinkGone> {
+async fn ask_to_quit(recycler: &mut Recycler, out: &LinkOut, forced: &'static str) -> Result<(), link::LinkGone> {
     let now = Instant::now();
     let reason = match (forced, recycler.due(now)) {
         ("", None) => return Ok(()),
@@ -339,7 +306,7 @@ async fn ask_to_quit(recycler: &mut Recycler, outbox: &Outbox, forced: &'static 
         requests_served: recycler.served(),
         age_ms,
     };
-    outbox.send(Frame::new(Kind::QuitRequest, 0, &body)).await
+    out.send(&Frame::new(Kind::QuitRequest, 0, &body)).await
 }
 
 #[cfg(test)]
