@@ -235,6 +235,14 @@ async fn open_stream(
     draining: bool,
 ) -> Result<(), ErrorBody> {
     let stream = frame.stream;
+    // Before anything is answered on this id: an answer to a duplicate would land on
+    // the stream that is still open.
+    if shared.is_open(stream) {
+        return Err(conn_error(
+            ErrorCode::DuplicateStream,
+            format!("stream {stream} is already open"),
+        ));
+    }
     let request: Request = match frame.body() {
         Ok(r) => r,
         // Bad SQL text fails its stream alone; an undecodable body is a broken

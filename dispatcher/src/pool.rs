@@ -13,6 +13,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
 
+/// A worker told to quit (QUIT_NOW) that has not exited by then is killed.
+const QUIT_DEADLINE: Duration = Duration::from_secs(10);
+
 /// What a request task holds to talk to one registered worker.
 #[derive(Clone, Debug)]
 pub struct WorkerLink {
@@ -182,6 +185,7 @@ impl Pool {
         let generation = slot.generation;
         if slot.quit_pending || slot.retiring || shutting_down {
             slot.state = SlotState::Quitting;
+            self.arm_quit_deadline(index, generation);
             slot.quit_pending = false;
             // The worker is idle and off the idle stack: nothing can be on its way to it.
             let _ = link.to_worker.try_send(Frame::new(Kind::QuitNow, 0, &QuitNow {}));
@@ -306,7 +310,7 @@ impl Pool {
     }
 
     /// The worker asked to retire (`QUIT_REQUEST`).
-    pub fn quit_requested(&self, index: u32, generation: u64) {
+    pub fn quit_requested(self: &Arc<Self>, index: u32, generation: u64) {
         let mut g = self.lock();
         let Some(slot) = g.slots.get_mut(&index).filter(|s| s.generation == generation) else {
             return;
@@ -319,6 +323,7 @@ impl Pool {
                     let _ = link.to_worker.try_send(Frame::new(Kind::QuitNow, 0, &QuitNow {}));
                 }
                 g.idle.retain(|&(i, _)| i != index);
+                self.arm_quit_deadline(index, generation);
             }
             SlotState::Busy => slot.quit_pending = true,
             SlotState::Starting | SlotState::Quitting => {}
@@ -345,6 +350,28 @@ impl Pool {
         }
         g.idle.retain(|&(i, _)| i != index);
         self.publish_states(&g);
+    }
+
+    /// A worker told to quit must be gone within [`QUIT_DEADLINE`] (it may have
+    /// hung, or missed its QUIT_NOW); otherwise it is killed and the slot refilled.
+    fn arm_quit_deadline(self: &Arc<Self>, index: u32, generation: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep(QUIT_DEADLINE).await;
+            let Some(pool) = pool.upgrade() else { return };
+            let g = pool.lock();
+            if let Some(slot) = g
+                .slots
+                .get(&index)
+                .filter(|s| s.generation == generation && s.state == SlotState::Quitting)
+            {
+                pool.metrics.worker_kills.inc();
+                let _ = slot.kill.send("did not exit after QUIT_NOW");
+            }
+        });
     }
 
     /// Kills the process of `index` (request timeout, abandoned request).
@@ -391,7 +418,7 @@ impl Pool {
 
     /// Changes the number of slots. Returns the indices of slots to create; slots
     /// over the target retire through the quit handshake (idle ones first).
-    pub fn resize(&self, size: usize) -> Vec<u32> {
+    pub fn resize(self: &Arc<Self>, size: usize) -> Vec<u32> {
         let mut g = self.lock();
         g.target_size = size;
         let active: Vec<u32> = g.slots.iter().filter(|(_, s)| !s.retiring).map(|(i, _)| *i).collect();
@@ -432,7 +459,7 @@ impl Pool {
         created
     }
 
-    fn retire(&self, g: &mut Inner, index: u32) {
+    fn retire(self: &Arc<Self>, g: &mut Inner, index: u32) {
         let Some(slot) = g.slots.get_mut(&index) else { return };
         slot.retiring = true;
         match slot.state {
@@ -441,7 +468,9 @@ impl Pool {
                 if let Some(link) = &slot.link {
                     let _ = link.to_worker.try_send(Frame::new(Kind::QuitNow, 0, &QuitNow {}));
                 }
+                let generation = slot.generation;
                 g.idle.retain(|&(i, _)| i != index);
+                self.arm_quit_deadline(index, generation);
             }
             // No request can be on its way to a worker that has not registered.
             SlotState::Starting => {
@@ -453,7 +482,7 @@ impl Pool {
 
     /// Stops handing out workers: waiters fail, idle workers quit, busy ones quit
     /// after their response.
-    pub fn shutdown(&self) {
+    pub fn shutdown(self: &Arc<Self>) {
         let mut g = self.lock();
         g.shutting_down = true;
         g.waiters.clear();

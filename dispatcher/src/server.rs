@@ -159,8 +159,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             "drain_timeout passed; failing what is left"
         );
     }
-    ctx.abort.cancel();
+    // Pool first: workers killed by the requests that the abort fails must not be respawned.
     ctx.pool.shutdown();
+    ctx.abort.cancel();
     if !supervisor.wait_all(WORKER_QUIT_LIMIT).await {
         warn!("workers did not quit in time; killing them");
         supervisor.abort_all();

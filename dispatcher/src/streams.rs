@@ -91,6 +91,10 @@ impl ClientShared {
         }
     }
 
+    pub fn is_open(&self, stream: u32) -> bool {
+        self.table().contains_key(&stream)
+    }
+
     pub fn open_streams(&self) -> usize {
         self.table().len()
     }
@@ -148,16 +152,20 @@ impl StreamGuard {
         if self.terminal == Terminal::Closed {
             return false;
         }
-        let ok = !self.shared.closed.load(Ordering::Relaxed) && {
-            self.shared.metrics.bytes_to_clients.inc_by(frame.payload.len() as u64);
-            self.shared.out.send(frame.with_stream(self.stream)).await.is_ok()
-        };
         match kind {
             Kind::Error => self.terminal = Terminal::ErrorSent,
-            Kind::End => self.terminal = Terminal::Closed,
+            Kind::End => {
+                // Free the id before END can reach the client: the client may reuse
+                // it the moment it reads END.
+                self.terminal = Terminal::Closed;
+                self.shared.close_stream(self.stream);
+            }
             _ => {}
         }
-        ok
+        !self.shared.closed.load(Ordering::Relaxed) && {
+            self.shared.metrics.bytes_to_clients.inc_by(frame.payload.len() as u64);
+            self.shared.out.send(frame.with_stream(self.stream)).await.is_ok()
+        }
     }
 
     /// Ends the stream with `ERROR` (unless the worker's own ERROR already went out) and `END`.
@@ -172,7 +180,10 @@ impl StreamGuard {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        if self.terminal != Terminal::Closed && !self.shared.closed.load(Ordering::Relaxed) {
+        if self.terminal == Terminal::Closed {
+            return; // `forward` of the END closed the stream.
+        }
+        if !self.shared.closed.load(Ordering::Relaxed) {
             let mut frames = Vec::with_capacity(2);
             if self.terminal == Terminal::Open {
                 let body = ErrorBody {

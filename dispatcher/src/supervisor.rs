@@ -43,9 +43,11 @@ impl Supervisor {
     /// Sets the number of slots: starts tasks for new slots; extra slots retire
     /// through the quit handshake (their tasks end when the process exits).
     pub fn resize(self: &Arc<Self>, size: usize) {
+        // Held across choosing the new indices and registering them, so that two
+        // resizes (admin, SIGHUP, elastic loop) cannot pick the same free index.
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         let created = self.ctx.pool.resize(size);
         info!(size, new_slots = created.len(), "pool resized");
-        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         for index in created {
             let (kill_tx, kill_rx) = mpsc::unbounded_channel();
             self.ctx.pool.add_slot(index, kill_tx);
@@ -184,7 +186,9 @@ impl Supervisor {
         generation: u64,
         kill_rx: &mut mpsc::UnboundedReceiver<&'static str>,
     ) -> Option<ExitStatus> {
-        let register_deadline = Instant::now() + Duration::from_millis(self.ctx.config.pool.register_timeout_ms);
+        // The same budget the worker link allows: register, then open the database session.
+        let budget = self.ctx.config.pool.register_timeout_ms + self.ctx.worker_settings.connect_timeout_ms;
+        let register_deadline = Instant::now() + Duration::from_millis(budget);
         let mut checking_registration = true;
         loop {
             tokio::select! {

@@ -18,6 +18,7 @@ mod hangs;
 mod keepalive;
 mod raw;
 mod slow_client;
+mod stream_ids;
 
 use std::time::{Duration, Instant};
 
