@@ -169,7 +169,7 @@ impl ConnShared {
     }
 
     fn set_goaway(&self) {
-        self.status.send_if_modified(|s| {
+        let went_away = self.status.send_if_modified(|s| {
             if *s == Status::Up {
                 *s = Status::GoAway;
                 true
@@ -177,6 +177,11 @@ impl ConnShared {
                 false
             }
         });
+        if went_away {
+            // Requests waiting for a stream slot here must move to the new connection
+            // now, not one by one as the old streams drain.
+            self.sem.close();
+        }
     }
 
     /// After `GOAWAY`, the connection closes once its last stream has ended.

@@ -179,6 +179,18 @@ impl Call {
             },
             None => self.step().instrument(span).await,
         };
+        // An earlier attempt may have run (it was written and its connection died): a
+        // later attempt's "did not reach a database" does not speak for that one.
+        let r = r.map_err(|e| {
+            if self.maybe_dispatched && !e.dispatched() {
+                let mut body = e.body().clone();
+                body.dispatched = true;
+                body.retryable = false;
+                Error::from_body(body)
+            } else {
+                e
+            }
+        });
         if matches!(r, Err(_) | Ok(Event::End(_))) {
             self.done = true;
             self.stream = None; // cancels the stream if it is still open
@@ -220,6 +232,8 @@ impl Call {
     async fn step(&mut self) -> Result<Event, Error> {
         loop {
             if self.stream.is_none() {
+                // A new attempt: nothing the server said about an earlier one applies.
+                self.error = None;
                 let s = self.start().await?;
                 self.span.record("stream", s.id);
                 self.stream = Some(s);
@@ -230,6 +244,18 @@ impl Call {
                 s.finished = true;
                 let (id, written) = (s.id, s.written());
                 self.stream = None;
+                if let Some(err) = self.error.take() {
+                    // The server's ERROR arrived, only its END was lost: that ERROR is
+                    // the outcome, decided as after ERROR + END.
+                    if retry::is_auto_retryable(&err) && self.may_resend() {
+                        self.count_retry();
+                        match self.restart_event() {
+                            Some(ev) => return Ok(ev),
+                            None => continue,
+                        }
+                    }
+                    return Err(err);
+                }
                 if !written {
                     debug!(stream = id, "stream was never written; sending on another connection");
                     continue;

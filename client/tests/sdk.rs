@@ -566,3 +566,74 @@ async fn row_stream_is_pulled_incrementally_with_a_small_buffer() {
     assert_eq!(client.stats().reconnects, 0);
     assert_balanced(&client);
 }
+
+#[tokio::test]
+async fn an_error_whose_end_was_lost_is_still_the_outcome() {
+    let mut server = FakeServer::start(Settings::default()).await;
+    let client = Client::connect(config(&[&server.addr])).await.unwrap();
+    let mut conn = server.accept().await;
+    let c = client.clone();
+    let t = tokio::spawn(async move { c.execute("INSERT INTO t VALUES (1)", &[]).await });
+    let (s, _) = conn.request().await;
+    // SHUTTING_DOWN (never reached a database), then the connection dies before END.
+    conn.send(Frame::new(Kind::Error, s, &err(ErrorCode::ShuttingDown, false)))
+        .await;
+    drop(conn);
+    // So the request is provably unrun and is sent again, not reported as OUTCOME_UNKNOWN.
+    let mut conn = server.accept().await;
+    let (s, _) = conn.request().await;
+    conn.end(
+        s,
+        End {
+            affected_rows: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(within("resent", t).await.unwrap().unwrap().affected_rows, 1);
+    assert_balanced(&client);
+}
+
+#[tokio::test]
+async fn an_idempotent_resend_never_claims_the_request_did_not_run() {
+    let mut server = FakeServer::start(Settings::default()).await;
+    let client = Client::connect(config(&[&server.addr])).await.unwrap();
+    let mut conn = server.accept().await;
+    let c = client.clone();
+    let t = tokio::spawn(async move { c.send(Request::sql("UPDATE t SET n = n").with_idempotent(true)).await });
+    let _ = conn.request().await;
+    drop(conn); // written, then lost: it may have run
+    let mut conn = server.accept().await;
+    let (s, _) = conn.request().await;
+    conn.error(s, err(ErrorCode::QueueTimeout, false)).await;
+    let e = within("error", t).await.unwrap().unwrap_err();
+    assert_eq!(e.code(), ErrorCode::QueueTimeout);
+    assert!(e.dispatched(), "the first attempt may have run: {e:?}");
+}
+
+#[tokio::test]
+async fn goaway_releases_requests_waiting_for_a_stream_slot() {
+    let mut server = FakeServer::start(Settings {
+        max_streams: 1,
+        ..Settings::default()
+    })
+    .await;
+    let client = Client::connect(config(&[&server.addr])).await.unwrap();
+    let mut old = server.accept().await;
+    let c = client.clone();
+    let first = tokio::spawn(async move { c.query_as::<(i64,)>("SELECT 1", &[]).await });
+    let (s_old, _) = old.request().await;
+    // The only slot is taken: the second request waits for it ...
+    let c = client.clone();
+    let second = tokio::spawn(async move { c.query_as::<(i64,)>("SELECT 2", &[]).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    old.goaway().await;
+    // ... and moves to the new connection at once, while the old stream is still open.
+    let mut new = server.accept().await;
+    let (s_new, _) = new.request().await;
+    new.answer(s_new, "2", vec![vec![Value::Int(2)]]).await;
+    assert_eq!(within("second", second).await.unwrap().unwrap(), vec![(2,)]);
+    old.answer(s_old, "1", vec![vec![Value::Int(1)]]).await;
+    assert_eq!(within("first", first).await.unwrap().unwrap(), vec![(1,)]);
+    assert_balanced(&client);
+}
