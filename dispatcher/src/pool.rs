@@ -13,6 +13,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
 
+/// A worker that closed its link gets this long to exit by itself.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 /// A worker told to quit (QUIT_NOW) that has not exited by then is killed.
 const QUIT_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -332,7 +334,7 @@ impl Pool {
     }
 
     /// The link to the worker of `index` ended; its process is told to die.
-    pub fn link_lost(&self, index: u32, generation: u64, why: &'static str) {
+    pub fn link_lost(self: &Arc<Self>, index: u32, generation: u64, why: &'static str, closed_by_worker: bool) {
         let mut g = self.lock();
         // No link: already handled (killed by `kill`, or never registered).
         let Some(slot) = g
@@ -345,11 +347,38 @@ impl Pool {
         slot.link = None;
         if slot.state != SlotState::Quitting {
             slot.state = SlotState::Starting;
-            self.metrics.worker_kills.inc();
-            let _ = slot.kill.send(why);
+            if closed_by_worker {
+                // A worker closes its link as it exits (fatal error, lost session): let
+                // it finish, so its exit status (e.g. 2 = fatal database error) is kept.
+                self.arm_exit_deadline(index, generation, why);
+            } else {
+                self.metrics.worker_kills.inc();
+                let _ = slot.kill.send(why);
+            }
         }
         g.idle.retain(|&(i, _)| i != index);
         self.publish_states(&g);
+    }
+
+    /// Kills the process of `index` if it has not exited by itself within [`EXIT_GRACE`].
+    fn arm_exit_deadline(self: &Arc<Self>, index: u32, generation: u64, why: &'static str) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep(EXIT_GRACE).await;
+            let Some(pool) = pool.upgrade() else { return };
+            let g = pool.lock();
+            if let Some(slot) = g
+                .slots
+                .get(&index)
+                .filter(|s| s.generation == generation && s.pid.is_some())
+            {
+                pool.metrics.worker_kills.inc();
+                let _ = slot.kill.send(why);
+            }
+        });
     }
 
     /// A worker told to quit must be gone within [`QUIT_DEADLINE`] (it may have

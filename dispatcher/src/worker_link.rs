@@ -20,6 +20,9 @@ use tracing::{debug, info, warn, Instrument};
 use crate::ctx::{constant_time_eq, Ctx};
 use crate::pool::{Assignment, WorkerLink};
 
+/// Why a link ended when the worker closed it (it is exiting by itself).
+const WORKER_CLOSED: &str = "worker closed the connection";
+
 /// Frames queued towards one worker.
 const WORKER_QUEUE: usize = 64;
 
@@ -71,7 +74,7 @@ pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
         if ctx.pool.worker_ready(slot, generation, link, ready.db_connection_id) {
             let why = read_loop(&ctx, slot, generation, reader, to_worker, assign_rx).await;
             debug!("worker link ended: {why}");
-            ctx.pool.link_lost(slot, generation, why);
+            ctx.pool.link_lost(slot, generation, why, why == WORKER_CLOSED);
         }
         writer_task.abort();
     }
@@ -201,7 +204,7 @@ async fn read_loop(
             },
             frame = reader.next() => {
                 let frame = match frame {
-                    None => return "worker closed the connection",
+                    None => return WORKER_CLOSED,
                     Some(Err(e)) => {
                         warn!("bad frame from worker: {e}");
                         return "bad frame from worker";

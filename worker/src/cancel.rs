@@ -98,9 +98,11 @@ impl Tracker {
     /// Waits for a `KILL QUERY` in flight (so it cannot hit the next statement).
     pub async fn settle(&self) {
         let kill = self.lock().kill.take();
-        if let Some(k) = kill {
-            if tokio::time::timeout(Duration::from_secs(10), k).await.is_err() {
-                warn!("KILL QUERY did not finish within 10 s");
+        if let Some(mut k) = kill {
+            if tokio::time::timeout(Duration::from_secs(10), &mut k).await.is_err() {
+                // Stop it: a KILL QUERY sent later would hit the next statement.
+                k.abort();
+                warn!("KILL QUERY did not finish within 10 s; abandoned");
             }
         }
     }

@@ -42,6 +42,11 @@ enum ExecError {
     RowTooLarge(usize),
     #[error("stopped between statements")]
     Stopped(StopReason),
+    #[error(
+        "the request left a transaction open, which was rolled back: each request runs on \
+         whichever worker is free, so send transactions as one batch"
+    )]
+    LeftOpen,
 }
 
 /// Limits for cutting `ROWS` frames.
@@ -124,13 +129,19 @@ impl Executor {
                 .await?;
             return Ok(Outcome::Served);
         }
-        if request.batch.is_empty() && opens_session_state(&request.sql) {
+        let controls_session = if request.batch.is_empty() {
+            controls_session(&request.sql)
+        } else {
+            request.batch.iter().any(|st| controls_session(&st.sql))
+        };
+        if controls_session {
             self.tracker.finish(stream).await;
             out.fail(ErrorBody::undispatched(
                 Origin::Worker,
                 ErrorCode::InvalidRequest,
-                "each request runs on whichever worker is free, so a transaction or table lock \
-                 cannot span requests: send the statements as one batch (it runs in one transaction)",
+                "each request runs on whichever worker is free, so transaction control (BEGIN, COMMIT, \
+                 ROLLBACK, SET autocommit, XA) and table locks cannot be sent as statements: send the \
+                 statements as one batch, which runs in one transaction",
             ))
             .await?;
             return Ok(Outcome::Served);
@@ -202,9 +213,21 @@ impl Executor {
             t.abort();
         }
         let elapsed = started.elapsed().as_micros() as u64;
-        end_open_transaction(&mut self.conn).await;
         let stop = self.tracker.reason(stream);
+        // Waits for a KILL QUERY in flight, so it cannot hit the clean-up below.
         self.tracker.finish(stream).await;
+        let fatal = matches!(&result, Err(ExecError::Db(e)) if session::classify(e) == ErrorClass::Fatal);
+        let cleaned = if fatal || matches!(result, Err(ExecError::Link(_))) {
+            Ok(false)
+        } else {
+            reset_session(&mut self.conn, result.is_err()).await
+        };
+        let result = match (result, cleaned) {
+            (Ok(()), Ok(true)) => Err(ExecError::LeftOpen),
+            (r, Ok(_)) => r,
+            // The session's state is unknown: answer, then let a fresh worker take over.
+            (_, Err(e)) => Err(ExecError::Db(e)),
+        };
 
         match result {
             Ok(()) => {
@@ -222,7 +245,7 @@ impl Executor {
             }
             Err(ExecError::Link(gone)) => Err(gone),
             Err(e) => {
-                let (body, outcome) = error_body(&e, stop);
+                let (body, outcome) = error_body(&e, stop, !request.batch.is_empty());
                 match outcome {
                     Outcome::Fatal => warn!(stream, error = %e, "fatal database error"),
                     Outcome::Served => debug!(stream, error = %e, "request failed"),
@@ -236,45 +259,66 @@ impl Executor {
 }
 
 /// The next request may come from another client: never hand it an open
-/// transaction (e.g. one a stored procedure left open). The server's status
-/// flags on the last OK packet tell, without a round trip.
-async fn end_open_transaction(conn: &mut Conn) {
-    let in_trans = conn
-        .last_ok_packet()
-        .is_some_and(|ok| ok.status_flags().contains(StatusFlags::SERVER_STATUS_IN_TRANS));
-    if in_trans {
-        warn!("request left a transaction open; rolling it back");
-        if let Err(e) = conn.query_drop("ROLLBACK").await {
-            warn!(error = %e, "rollback of a left-open transaction failed");
-        }
+/// transaction or autocommit turned off (e.g. by a stored procedure, or a
+/// statement that failed inside one). The server's status flags on the last OK
+/// packet tell without a round trip; after an error they are gone, so a failed
+/// request always gets a ROLLBACK. Ok(true): a successful request had left a
+/// transaction open, which was rolled back.
+async fn reset_session(conn: &mut Conn, failed: bool) -> Result<bool, mysql_async::Error> {
+    let flags = conn.last_ok_packet().map(|ok| ok.status_flags());
+    let in_trans = flags.is_some_and(|f| f.contains(StatusFlags::SERVER_STATUS_IN_TRANS));
+    let autocommit_off = flags.is_some_and(|f| !f.contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT));
+    if !(failed || in_trans || autocommit_off) {
+        return Ok(false);
     }
+    if in_trans && !failed {
+        warn!("request left a transaction open; rolling it back");
+    }
+    conn.query_drop("ROLLBACK").await?;
+    let autocommit_off = conn
+        .last_ok_packet()
+        .is_some_and(|ok| !ok.status_flags().contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT));
+    if autocommit_off {
+        warn!("request turned autocommit off; turning it back on");
+        conn.query_drop("SET autocommit = 1").await?;
+    }
+    Ok(in_trans && !failed)
 }
 
-/// Statements that would leave transaction or lock state behind for the next
-/// request on this session (statement-level pooling, like PgBouncer's statement mode).
-fn opens_session_state(sql: &str) -> bool {
-    // Runs on every request: look at the first two words without allocating.
-    let mut words = sql
-        .split(|c: char| c.is_whitespace() || c == ';' || c == '=')
-        .filter(|w| !w.is_empty());
-    let first = words.next().unwrap_or("");
-    let second = words.next().unwrap_or("");
-    let is = |w: &str, lit: &str| w.eq_ignore_ascii_case(lit);
-    if is(first, "begin") {
-        !is(second, "not")
-    } else if is(first, "start") {
-        is(second, "transaction")
-    } else if is(first, "lock") {
-        is(second, "table") || is(second, "tables")
-    } else if is(first, "xa") {
-        is(second, "start") || is(second, "begin")
-    } else if is(first, "set") {
-        is(second, "autocommit")
-            || is(second, "@@autocommit")
-            || is(second, "session") && sql.to_ascii_lowercase().contains("autocommit")
-    } else {
-        false
-    }
+/// Statements that control the transaction or take table locks, in any of the
+/// `;`-separated parts of `sql`: with statement-level pooling (like PgBouncer's
+/// statement mode) they would leave state behind for the next client, or break a
+/// batch's all-or-nothing. Splitting on `;` may cut a string literal; the worst
+/// that does is refuse a statement whose literal looks like one of these.
+fn controls_session(sql: &str) -> bool {
+    sql.split(';').any(|part| {
+        let mut words = part
+            .split(|c: char| c.is_whitespace() || c == '=' || c == '(')
+            .filter(|w| !w.is_empty());
+        let first = words.next().unwrap_or("");
+        let second = words.next().unwrap_or("");
+        let is = |w: &str, lit: &str| w.eq_ignore_ascii_case(lit);
+        let mentions_autocommit = || {
+            part.as_bytes()
+                .windows(10)
+                .any(|w| w.eq_ignore_ascii_case(b"autocommit"))
+        };
+        if is(first, "begin") {
+            !is(second, "not")
+        } else if is(first, "start") {
+            is(second, "transaction")
+        } else if is(first, "commit") || is(first, "xa") {
+            true
+        } else if is(first, "rollback") {
+            !is(second, "to")
+        } else if is(first, "lock") || is(first, "unlock") {
+            is(second, "table") || is(second, "tables")
+        } else if is(first, "set") {
+            mentions_autocommit()
+        } else {
+            false
+        }
+    })
 }
 
 /// Sums over the statements of a request.
@@ -378,7 +422,7 @@ async fn stream_results<P: Protocol + Unpin>(
 }
 
 /// The wire answer for a failure, and whether the session survives it.
-fn error_body(e: &ExecError, stop: Option<StopReason>) -> (ErrorBody, Outcome) {
+fn error_body(e: &ExecError, stop: Option<StopReason>, batch: bool) -> (ErrorBody, Outcome) {
     let mut body = ErrorBody {
         origin: Origin::Worker,
         code: ErrorCode::Internal,
@@ -403,7 +447,8 @@ fn error_body(e: &ExecError, stop: Option<StopReason>) -> (ErrorBody, Outcome) {
                 }
                 ErrorClass::Rejected => {
                     body.code = ErrorCode::InvalidRequest;
-                    body.dispatched = false;
+                    // In a batch, earlier statements ran (and were rolled back).
+                    body.dispatched = batch;
                 }
                 ErrorClass::Database => {
                     body.origin = Origin::Database;
@@ -418,6 +463,7 @@ fn error_body(e: &ExecError, stop: Option<StopReason>) -> (ErrorBody, Outcome) {
             }
         }
         ExecError::RowTooLarge(_) => body.code = ErrorCode::FrameTooLarge,
+        ExecError::LeftOpen => body.code = ErrorCode::InvalidRequest,
         ExecError::Stopped(reason) => body.code = stop_code(*reason),
         ExecError::Link(_) => {}
     }
@@ -535,24 +581,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn session_state_statements() {
+    fn session_control_statements() {
         for sql in [
             "BEGIN",
             "begin;",
             "START TRANSACTION READ ONLY",
             "LOCK TABLES t WRITE",
+            "unlock tables",
             "set autocommit=0",
+            "SET @@session.autocommit=0",
+            "SET LOCAL autocommit = 0",
+            "set @@local.AUTOCOMMIT=0",
             "XA START 'x'",
+            "COMMIT",
+            "rollback",
+            "SELECT 1; SET autocommit=0",
+            "SELECT 1; LOCK TABLES t WRITE",
         ] {
-            assert!(opens_session_state(sql), "{sql}");
+            assert!(controls_session(sql), "{sql}");
         }
         for sql in [
             "SELECT 1",
             "set @a = 1",
             "INSERT INTO begin_t VALUES (1)",
             "startx transaction",
+            "ROLLBACK TO SAVEPOINT a",
+            "SELECT 'x'",
+            "BEGIN NOT ATOMIC SELECT 1; END",
         ] {
-            assert!(!opens_session_state(sql), "{sql}");
+            assert!(!controls_session(sql), "{sql}");
         }
     }
 

@@ -735,3 +735,96 @@ async fn goaway_keepalive_and_silence() {
         t0.elapsed()
     );
 }
+
+/// Statement-level pooling: nothing one request does to the session's transaction
+/// state may reach the next request (which may come from another client).
+#[tokio::test]
+async fn session_state_never_leaks_to_the_next_request() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, _) = start_worker(settings(&sandbox)).await;
+    w.ok(1, &Request::sql("CREATE TABLE t_s (id INT PRIMARY KEY)")).await;
+
+    // Transaction control and locks are refused, in any spelling, part or batch.
+    let mut stream = 10;
+    for sql in [
+        "SET @@session.autocommit=0",
+        "SELECT 1; SET autocommit=0",
+        "LOCK TABLES t_s WRITE",
+        "COMMIT",
+    ] {
+        stream += 1;
+        let e = w.request(stream, &Request::sql(sql)).await.error.expect(sql);
+        assert_eq!(
+            (e.code, e.dispatched),
+            (ErrorCode::InvalidRequest, false),
+            "{sql}: {e:?}"
+        );
+    }
+    let batch = Request {
+        batch: vec![
+            Statement {
+                sql: "INSERT INTO t_s VALUES (1)".into(),
+                params: vec![],
+            },
+            Statement {
+                sql: "COMMIT".into(),
+                params: vec![],
+            },
+            Statement {
+                sql: "INSERT INTO t_s VALUES (1)".into(),
+                params: vec![],
+            },
+        ],
+        ..Default::default()
+    };
+    let e = w.request(20, &batch).await.error.expect("batch with COMMIT refused");
+    assert_eq!(e.code, ErrorCode::InvalidRequest);
+
+    // A procedure that opens a transaction and fails inside it: the next request
+    // must not run inside that transaction.
+    w.ok(
+        21,
+        &Request::sql(
+            "CREATE PROCEDURE p_fail() BEGIN START TRANSACTION; INSERT INTO t_s VALUES (5); \
+             INSERT INTO t_s VALUES (5); END",
+        ),
+    )
+    .await;
+    let e = w
+        .request(22, &Request::sql("CALL p_fail()"))
+        .await
+        .error
+        .expect("duplicate key");
+    assert_eq!(e.errno, Some(1062));
+    let r = w.ok(23, &Request::sql("SELECT @@in_transaction, @@autocommit")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::UInt(0), Value::Int(1)]]);
+
+    // A procedure that succeeds but leaves its transaction open, or autocommit off: the
+    // transaction is rolled back and the request says so instead of reporting success.
+    w.ok(
+        24,
+        &Request::sql("CREATE PROCEDURE p_open() BEGIN START TRANSACTION; INSERT INTO t_s VALUES (6); END"),
+    )
+    .await;
+    let e = w
+        .request(25, &Request::sql("CALL p_open()"))
+        .await
+        .error
+        .expect("left open");
+    assert_eq!((e.code, e.dispatched), (ErrorCode::InvalidRequest, true), "{e:?}");
+    w.ok(
+        26,
+        &Request::sql("CREATE PROCEDURE p_ac() BEGIN SET autocommit = 0; END"),
+    )
+    .await;
+    w.request(27, &Request::sql("CALL p_ac()")).await;
+    let r = w.ok(28, &Request::sql("SELECT @@in_transaction, @@autocommit")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::UInt(0), Value::Int(1)]]);
+    let mut direct = sandbox.primary().conn().await.unwrap();
+    let n: Option<i64> = direct.query_first("SELECT COUNT(*) FROM t_s").await.unwrap();
+    assert_eq!(
+        n,
+        Some(0),
+        "nothing of the failed or left-open transactions was committed"
+    );
+}
