@@ -148,23 +148,36 @@ impl StreamGuard {
 
     /// Sends a frame of this stream to the client. Returns false when the client is gone.
     pub async fn forward(&mut self, frame: Frame) -> bool {
-        let kind = frame.kind;
         if self.terminal == Terminal::Closed {
             return false;
         }
-        match kind {
-            Kind::Error => self.terminal = Terminal::ErrorSent,
-            Kind::End => {
-                // Free the id before END can reach the client: the client may reuse
-                // it the moment it reads END.
-                self.terminal = Terminal::Closed;
-                self.shared.close_stream(self.stream);
-            }
-            _ => {}
+        let frame = frame.with_stream(self.stream);
+        if frame.kind == Kind::End {
+            // Free the id before END can reach the client (it may reuse the id the moment
+            // it reads END), but only once END has its place in the queue: a draining
+            // connection closes as soon as it has no open stream.
+            self.terminal = Terminal::Closed;
+            let permit = if self.shared.closed.load(Ordering::Relaxed) {
+                None
+            } else {
+                self.shared.out.reserve().await.ok()
+            };
+            self.shared.close_stream(self.stream);
+            return match permit {
+                Some(permit) => {
+                    self.shared.metrics.bytes_to_clients.inc_by(frame.payload.len() as u64);
+                    permit.send(frame);
+                    true
+                }
+                None => false,
+            };
+        }
+        if frame.kind == Kind::Error {
+            self.terminal = Terminal::ErrorSent;
         }
         !self.shared.closed.load(Ordering::Relaxed) && {
             self.shared.metrics.bytes_to_clients.inc_by(frame.payload.len() as u64);
-            self.shared.out.send(frame.with_stream(self.stream)).await.is_ok()
+            self.shared.out.send(frame).await.is_ok()
         }
     }
 

@@ -96,20 +96,23 @@ impl Tracker {
     }
 
     /// Waits for a `KILL QUERY` in flight (so it cannot hit the next statement).
-    pub async fn settle(&self) {
+    /// False: the kill did not finish in time; one may still reach the session, whose
+    /// state is then unknown (the caller gives the session up).
+    pub async fn settle(&self) -> bool {
         let kill = self.lock().kill.take();
         if let Some(mut k) = kill {
             if tokio::time::timeout(Duration::from_secs(10), &mut k).await.is_err() {
-                // Stop it: a KILL QUERY sent later would hit the next statement.
                 k.abort();
                 warn!("KILL QUERY did not finish within 10 s; abandoned");
+                return false;
             }
         }
+        true
     }
 
     /// `stream` has ended (its `END` is sent or about to be). No new `KILL QUERY` can start
     /// for it afterwards, and the one in flight (if any) is waited for.
-    pub async fn finish(&self, stream: u32) {
+    pub async fn finish(&self, stream: u32) -> bool {
         {
             let mut inner = self.lock();
             inner.open.remove(&stream);
@@ -117,6 +120,6 @@ impl Tracker {
                 inner.running = None;
             }
         }
-        self.settle().await;
+        self.settle().await
     }
 }

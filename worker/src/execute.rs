@@ -215,18 +215,31 @@ impl Executor {
         let elapsed = started.elapsed().as_micros() as u64;
         let stop = self.tracker.reason(stream);
         // Waits for a KILL QUERY in flight, so it cannot hit the clean-up below.
-        self.tracker.finish(stream).await;
+        let settled = self.tracker.finish(stream).await;
         let fatal = matches!(&result, Err(ExecError::Db(e)) if session::classify(e) == ErrorClass::Fatal);
         let cleaned = if fatal || matches!(result, Err(ExecError::Link(_))) {
             Ok(false)
+        } else if !settled {
+            Err("a KILL QUERY did not settle in time".to_string())
         } else {
-            reset_session(&mut self.conn, result.is_err()).await
+            reset_session(&mut self.conn, result.is_err())
+                .await
+                .map_err(|e| e.to_string())
         };
         let result = match (result, cleaned) {
             (Ok(()), Ok(true)) => Err(ExecError::LeftOpen),
             (r, Ok(_)) => r,
-            // The session's state is unknown: answer, then let a fresh worker take over.
-            (_, Err(e)) => Err(ExecError::Db(e)),
+            // The session's state is unknown: answer with a fatal error (a non-server
+            // error is classified fatal), then let a fresh worker take over.
+            (r, Err(why)) => {
+                let what = match &r {
+                    Ok(()) => "the request succeeded".to_string(),
+                    Err(e) => format!("the request failed ({e})"),
+                };
+                Err(ExecError::Db(mysql_async::Error::Other(
+                    format!("{what}, but resetting the session afterwards failed: {why}").into(),
+                )))
+            }
         };
 
         match result {
@@ -286,23 +299,20 @@ async fn reset_session(conn: &mut Conn, failed: bool) -> Result<bool, mysql_asyn
 }
 
 /// Statements that control the transaction or take table locks, in any of the
-/// `;`-separated parts of `sql`: with statement-level pooling (like PgBouncer's
-/// statement mode) they would leave state behind for the next client, or break a
-/// batch's all-or-nothing. Splitting on `;` may cut a string literal; the worst
-/// that does is refuse a statement whose literal looks like one of these.
+/// top-level `;`-separated statements of `sql`: with statement-level pooling (like
+/// PgBouncer's statement mode) they would leave state behind for the next client, or
+/// break a batch's all-or-nothing. `CREATE`/`ALTER` (a routine's body) are not looked into.
 fn controls_session(sql: &str) -> bool {
-    sql.split(';').any(|part| {
+    top_level_statements(sql).any(|part| {
         let mut words = part
             .split(|c: char| c.is_whitespace() || c == '=' || c == '(')
             .filter(|w| !w.is_empty());
         let first = words.next().unwrap_or("");
-        let second = words.next().unwrap_or("");
+        let mut second = words.next().unwrap_or("");
         let is = |w: &str, lit: &str| w.eq_ignore_ascii_case(lit);
-        let mentions_autocommit = || {
-            part.as_bytes()
-                .windows(10)
-                .any(|w| w.eq_ignore_ascii_case(b"autocommit"))
-        };
+        if is(first, "rollback") && is(second, "work") {
+            second = words.next().unwrap_or("");
+        }
         if is(first, "begin") {
             !is(second, "not")
         } else if is(first, "start") {
@@ -314,10 +324,80 @@ fn controls_session(sql: &str) -> bool {
         } else if is(first, "lock") || is(first, "unlock") {
             is(second, "table") || is(second, "tables")
         } else if is(first, "set") {
-            mentions_autocommit()
+            part.as_bytes()
+                .windows(10)
+                .any(|w| w.eq_ignore_ascii_case(b"autocommit"))
         } else {
             false
         }
+    })
+}
+
+/// The statements of `sql` split at `;` outside quotes, backticks and comments.
+fn top_level_statements(sql: &str) -> impl Iterator<Item = &str> {
+    #[derive(PartialEq)]
+    enum In {
+        Code,
+        Quote(u8),
+        LineComment,
+        BlockComment,
+    }
+    let b = sql.as_bytes();
+    let mut cuts = Vec::new();
+    let mut state = In::Code;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        match state {
+            In::Code => match c {
+                b'\'' | b'"' | b'`' => state = In::Quote(c),
+                b'#' => state = In::LineComment,
+                b'-' if next == Some(b'-') => state = In::LineComment,
+                b'/' if next == Some(b'*') => {
+                    state = In::BlockComment;
+                    i += 1;
+                }
+                b';' => cuts.push(i),
+                _ => {}
+            },
+            In::Quote(q) => {
+                if c == b'\\' && q != b'`' {
+                    i += 1;
+                } else if c == q {
+                    state = In::Code;
+                }
+            }
+            In::LineComment => {
+                if c == b'\n' {
+                    state = In::Code;
+                }
+            }
+            In::BlockComment => {
+                if c == b'*' && next == Some(b'/') {
+                    state = In::Code;
+                    i += 1;
+                }
+            }
+        }
+        i += 1;
+    }
+    let first_word = |s: &str| s.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+    // A CREATE/ALTER (procedure, trigger, event) carries its body: not run now.
+    let whole = first_word(sql);
+    if whole == "create" || whole == "alter" {
+        cuts.clear();
+    }
+    let mut start = 0;
+    let mut parts = Vec::with_capacity(cuts.len() + 1);
+    for cut in cuts {
+        parts.push(&sql[start..cut]);
+        start = cut + 1;
+    }
+    parts.push(&sql[start..]);
+    parts.into_iter().filter(move |p| {
+        let w = first_word(p);
+        !(w == "create" || w == "alter")
     })
 }
 
@@ -606,8 +686,15 @@ mod tests {
             "INSERT INTO begin_t VALUES (1)",
             "startx transaction",
             "ROLLBACK TO SAVEPOINT a",
+            "ROLLBACK WORK TO SAVEPOINT a",
             "SELECT 'x'",
             "BEGIN NOT ATOMIC SELECT 1; END",
+            "INSERT INTO notes VALUES ('fixed; commit later')",
+            "INSERT INTO notes VALUES (\"a; begin the test\")",
+            "SELECT 1 -- a; commit b",
+            "SELECT 1 /* ; rollback */",
+            "CREATE PROCEDURE p() BEGIN START TRANSACTION; UPDATE t SET a = 1; COMMIT; END",
+            "SELECT * FROM commit_log WHERE lock_id = 1",
         ] {
             assert!(!controls_session(sql), "{sql}");
         }
