@@ -72,6 +72,31 @@ impl Value {
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
     }
+
+    /// A DATE/DATETIME/TIMESTAMP value (all zeros is MySQL's zero date).
+    pub fn date(year: u16, month: u8, day: u8, hour: u8, minute: u8, second: u8, micro: u32) -> Value {
+        Value::Date {
+            year,
+            month,
+            day,
+            hour,
+            minute,
+            second,
+            micro,
+        }
+    }
+
+    /// A TIME value: `days` carries hours beyond 24, `negative` the sign.
+    pub fn time(negative: bool, days: u32, hours: u8, minutes: u8, seconds: u8, micros: u32) -> Value {
+        Value::Time {
+            negative,
+            days,
+            hours,
+            minutes,
+            seconds,
+            micros,
+        }
+    }
 }
 
 impl From<i64> for Value {

@@ -312,27 +312,6 @@ mod tests {
     fn t(kind: ColumnKind, s: &str) -> Value {
         from_text(kind, s.as_bytes().to_vec())
     }
-    fn date(year: u16, month: u8, day: u8, hour: u8, minute: u8, second: u8, micro: u32) -> Value {
-        Value::Date {
-            year,
-            month,
-            day,
-            hour,
-            minute,
-            second,
-            micro,
-        }
-    }
-    fn time(negative: bool, days: u32, hours: u8, minutes: u8, seconds: u8, micros: u32) -> Value {
-        Value::Time {
-            negative,
-            days,
-            hours,
-            minutes,
-            seconds,
-            micros,
-        }
-    }
 
     #[test]
     fn integers_by_signedness() {
@@ -376,24 +355,27 @@ mod tests {
 
     #[test]
     fn dates_and_datetimes() {
-        assert_eq!(t(k(DATE, 0, 63), "2024-02-29"), date(2024, 2, 29, 0, 0, 0, 0));
+        assert_eq!(t(k(DATE, 0, 63), "2024-02-29"), Value::date(2024, 2, 29, 0, 0, 0, 0));
         assert_eq!(
             t(k(DATETIME, 0, 63), "2024-02-29 23:59:58.123456"),
-            date(2024, 2, 29, 23, 59, 58, 123456)
+            Value::date(2024, 2, 29, 23, 59, 58, 123456)
         );
         assert_eq!(
             t(k(DATETIME, 0, 63), "2024-02-29 23:59:58.12"),
-            date(2024, 2, 29, 23, 59, 58, 120000)
+            Value::date(2024, 2, 29, 23, 59, 58, 120000)
         );
         assert_eq!(
             t(k(TIMESTAMP, 0, 63), "1999-12-31 00:00:01"),
-            date(1999, 12, 31, 0, 0, 1, 0)
+            Value::date(1999, 12, 31, 0, 0, 1, 0)
         );
-        assert_eq!(t(k(DATE, 0, 63), "0000-00-00"), date(0, 0, 0, 0, 0, 0, 0));
-        assert_eq!(t(k(DATETIME, 0, 63), "0000-00-00 00:00:00"), date(0, 0, 0, 0, 0, 0, 0));
+        assert_eq!(t(k(DATE, 0, 63), "0000-00-00"), Value::date(0, 0, 0, 0, 0, 0, 0));
+        assert_eq!(
+            t(k(DATETIME, 0, 63), "0000-00-00 00:00:00"),
+            Value::date(0, 0, 0, 0, 0, 0, 0)
+        );
         assert_eq!(
             value(k(DATETIME, 0, 63), M::Date(2024, 2, 29, 23, 59, 58, 5)),
-            date(2024, 2, 29, 23, 59, 58, 5)
+            Value::date(2024, 2, 29, 23, 59, 58, 5)
         );
         // garbage never panics, it falls back to text
         assert_eq!(t(k(DATE, 0, 63), "not a date"), Value::Text("not a date".into()));
@@ -405,13 +387,13 @@ mod tests {
 
     #[test]
     fn times_negative_and_long() {
-        assert_eq!(t(k(TIME, 0, 63), "12:34:56"), time(false, 0, 12, 34, 56, 0));
-        assert_eq!(t(k(TIME, 0, 63), "-838:59:59"), time(true, 34, 22, 59, 59, 0));
-        assert_eq!(t(k(TIME, 0, 63), "-00:00:01.5"), time(true, 0, 0, 0, 1, 500000));
-        assert_eq!(t(k(TIME, 0, 63), "100:00:00.000001"), time(false, 4, 4, 0, 0, 1));
+        assert_eq!(t(k(TIME, 0, 63), "12:34:56"), Value::time(false, 0, 12, 34, 56, 0));
+        assert_eq!(t(k(TIME, 0, 63), "-838:59:59"), Value::time(true, 34, 22, 59, 59, 0));
+        assert_eq!(t(k(TIME, 0, 63), "-00:00:01.5"), Value::time(true, 0, 0, 0, 1, 500000));
+        assert_eq!(t(k(TIME, 0, 63), "100:00:00.000001"), Value::time(false, 4, 4, 0, 0, 1));
         assert_eq!(
             value(k(TIME, 0, 63), M::Time(true, 34, 22, 59, 59, 0)),
-            time(true, 34, 22, 59, 59, 0)
+            Value::time(true, 34, 22, 59, 59, 0)
         );
         assert_eq!(t(k(TIME, 0, 63), "1:2"), Value::Text("1:2".into()));
     }
@@ -452,8 +434,11 @@ mod tests {
         assert_eq!(param(&Value::Decimal("1.50".into())), M::Bytes(b"1.50".to_vec()));
         assert_eq!(param(&Value::Json("[1]".into())), M::Bytes(b"[1]".to_vec()));
         assert_eq!(param(&Value::Bit(vec![1, 5])), M::UInt(261));
-        assert_eq!(param(&date(2024, 1, 2, 3, 4, 5, 6)), M::Date(2024, 1, 2, 3, 4, 5, 6));
-        assert_eq!(param(&time(true, 2, 3, 4, 5, 6)), M::Time(true, 2, 3, 4, 5, 6));
+        assert_eq!(
+            param(&Value::date(2024, 1, 2, 3, 4, 5, 6)),
+            M::Date(2024, 1, 2, 3, 4, 5, 6)
+        );
+        assert_eq!(param(&Value::time(true, 2, 3, 4, 5, 6)), M::Time(true, 2, 3, 4, 5, 6));
         assert_eq!(param(&Value::Null), M::NULL);
         assert_eq!(param(&Value::Float(1.5)), M::Float(1.5));
     }
@@ -467,8 +452,8 @@ mod tests {
             Value::Double(1.0),
             Value::Text("x".repeat(70000)),
             Value::Bytes(vec![1; 300]),
-            date(2024, 1, 2, 3, 4, 5, 999999),
-            time(true, 34, 22, 59, 59, 999999),
+            Value::date(2024, 1, 2, 3, 4, 5, 999999),
+            Value::time(true, 34, 22, 59, 59, 999999),
             Value::Bit(vec![1; 8]),
             Value::Decimal("1.5".into()),
         ];

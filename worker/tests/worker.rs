@@ -237,29 +237,6 @@ fn with_params(sql: &str, params: Vec<Value>) -> Request {
     }
 }
 
-fn date(year: u16, month: u8, day: u8, hour: u8, minute: u8, second: u8, micro: u32) -> Value {
-    Value::Date {
-        year,
-        month,
-        day,
-        hour,
-        minute,
-        second,
-        micro,
-    }
-}
-
-fn time(negative: bool, days: u32, hours: u8, minutes: u8, seconds: u8, micros: u32) -> Value {
-    Value::Time {
-        negative,
-        days,
-        hours,
-        minutes,
-        seconds,
-        micros,
-    }
-}
-
 const ALL_TYPES_TABLE: &str = "CREATE TABLE t_all (
     id INT PRIMARY KEY,
     ti TINYINT, tiu TINYINT UNSIGNED, si SMALLINT, mi MEDIUMINT, i INT, iu INT UNSIGNED,
@@ -290,11 +267,11 @@ fn all_types_values() -> Vec<Value> {
         Value::Float(1.5),
         Value::Double(-2.5e-300),
         Value::Decimal("-12345678901234.5678".into()),
-        date(2024, 2, 29, 0, 0, 0, 0),
-        date(2024, 2, 29, 23, 59, 58, 123456),
-        date(2001, 2, 3, 4, 5, 6, 789000),
-        time(true, 34, 22, 59, 59, 0),
-        time(false, 1, 1, 0, 1, 0),
+        Value::date(2024, 2, 29, 0, 0, 0, 0),
+        Value::date(2024, 2, 29, 23, 59, 58, 123456),
+        Value::date(2001, 2, 3, 4, 5, 6, 789000),
+        Value::time(true, 34, 22, 59, 59, 0),
+        Value::time(false, 1, 1, 0, 1, 0),
         Value::Int(2024),
         Value::Bit(vec![0x0a, 0x05]),
         // MariaDB's JSON is LONGTEXT with a check: it arrives as text.
@@ -306,7 +283,7 @@ fn all_types_values() -> Vec<Value> {
         Value::Text("long text".into()),
         Value::Bytes(vec![0x00, 0xff]),
         Value::Bytes(vec![0xde, 0xad, 0xbe, 0xef]),
-        date(0, 0, 0, 0, 0, 0, 0),
+        Value::date(0, 0, 0, 0, 0, 0, 0),
         Value::Null,
     ]
 }

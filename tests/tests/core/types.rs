@@ -22,29 +22,6 @@ const COLUMNS: &str = "id, ti, tiu, si, siu, mi, miu, i, iu, bi, biu, f, d, dc, 
                        c, vc, tx, bn, vb, bl, bt, js, en, st";
 const NCOLS: usize = 29;
 
-fn date(year: u16, month: u8, day: u8, hour: u8, minute: u8, second: u8, micro: u32) -> Value {
-    Value::Date {
-        year,
-        month,
-        day,
-        hour,
-        minute,
-        second,
-        micro,
-    }
-}
-
-fn time(negative: bool, days: u32, hours: u8, minutes: u8, seconds: u8, micros: u32) -> Value {
-    Value::Time {
-        negative,
-        days,
-        hours,
-        minutes,
-        seconds,
-        micros,
-    }
-}
-
 fn text(s: &str) -> Value {
     Value::Text(s.to_owned())
 }
@@ -92,10 +69,10 @@ fn rows() -> Vec<(String, Vec<Value>)> {
                 Value::Float(-1.5),
                 Value::Double(-2.2250738585072014e-308),
                 Value::Decimal(DEC_MIN.into()),
-                date(1000, 1, 1, 0, 0, 0, 0),
-                date(1000, 1, 1, 0, 0, 0, 0),
-                date(2000, 1, 1, 0, 0, 0, 1),
-                time(true, 34, 22, 59, 59, 0),
+                Value::date(1000, 1, 1, 0, 0, 0, 0),
+                Value::date(1000, 1, 1, 0, 0, 0, 0),
+                Value::date(2000, 1, 1, 0, 0, 0, 1),
+                Value::time(true, 34, 22, 59, 59, 0),
                 Value::Int(1901),
                 text("abc"),
                 text(""),
@@ -134,10 +111,10 @@ fn rows() -> Vec<(String, Vec<Value>)> {
                 Value::Float(3.25),
                 Value::Double(1.7976931348623157e308),
                 Value::Decimal(DEC_MAX.into()),
-                date(9999, 12, 31, 0, 0, 0, 0),
-                date(9999, 12, 31, 23, 59, 59, 999999),
-                date(2037, 12, 31, 23, 59, 59, 999999),
-                time(false, 34, 22, 59, 59, 0),
+                Value::date(9999, 12, 31, 0, 0, 0, 0),
+                Value::date(9999, 12, 31, 23, 59, 59, 999999),
+                Value::date(2037, 12, 31, 23, 59, 59, 999999),
+                Value::time(false, 34, 22, 59, 59, 0),
                 Value::Int(2155),
                 text("😀😀😀😀😀😀😀😀😀😀"),
                 text("héllo wörld 😀 ✓"),
@@ -172,10 +149,10 @@ fn rows() -> Vec<(String, Vec<Value>)> {
                 Value::Float(0.0),
                 Value::Double(0.1),
                 Value::Decimal("0.000000000000000000000000000000".into()),
-                date(0, 0, 0, 0, 0, 0, 0),
-                date(0, 0, 0, 0, 0, 0, 0),
-                date(0, 0, 0, 0, 0, 0, 0),
-                time(false, 1, 1, 0, 0, 500000),
+                Value::date(0, 0, 0, 0, 0, 0, 0),
+                Value::date(0, 0, 0, 0, 0, 0, 0),
+                Value::date(0, 0, 0, 0, 0, 0, 0),
+                Value::time(false, 1, 1, 0, 0, 500000),
                 Value::Int(0),
                 text("x"),
                 text("tab\there \"q\" 's'"),
@@ -205,7 +182,7 @@ fn rows() -> Vec<(String, Vec<Value>)> {
             (0..NCOLS)
                 .map(|i| match i {
                     0 => Value::Int(5),
-                    17 => time(true, 0, 0, 0, 0, 1),
+                    17 => Value::time(true, 0, 0, 0, 0, 1),
                     _ => Value::Null,
                 })
                 .collect(),
@@ -243,7 +220,7 @@ fn parse_datetime(s: &str) -> Value {
     let (d, t) = s.split_once(' ').unwrap_or((s, "00:00:00"));
     let d: Vec<u32> = d.split('-').map(|x| x.parse().expect("date part")).collect();
     let (h, mi, sec, us) = parse_hms(t);
-    date(d[0] as u16, d[1] as u8, d[2] as u8, h as u8, mi, sec, us)
+    Value::date(d[0] as u16, d[1] as u8, d[2] as u8, h as u8, mi, sec, us)
 }
 
 fn parse_hms(t: &str) -> (u32, u8, u8, u32) {
@@ -264,7 +241,7 @@ fn parse_time(s: &str) -> Value {
         None => (false, s),
     };
     let (h, mi, sec, us) = parse_hms(t);
-    time(negative, h / 24, (h % 24) as u8, mi, sec, us)
+    Value::time(negative, h / 24, (h % 24) as u8, mi, sec, us)
 }
 
 /// What Osprey must deliver for a value `mysql_async` read, decided by the column's SQL type.
@@ -312,12 +289,12 @@ fn expected(col: &mysql_async::Column, v: mysql_async::Value) -> Value {
             | ColumnType::MYSQL_TYPE_TIMESTAMP2,
             v,
         ) => match v {
-            M::Date(y, mo, d, h, mi, s, us) => date(y, mo, d, h, mi, s, us),
+            M::Date(y, mo, d, h, mi, s, us) => Value::date(y, mo, d, h, mi, s, us),
             M::Bytes(b) => parse_datetime(&utf8(b)),
             other => panic!("date column as {other:?}"),
         },
         (ColumnType::MYSQL_TYPE_TIME | ColumnType::MYSQL_TYPE_TIME2, v) => match v {
-            M::Time(neg, d, h, mi, s, us) => time(neg, d, h, mi, s, us),
+            M::Time(neg, d, h, mi, s, us) => Value::time(neg, d, h, mi, s, us),
             M::Bytes(b) => parse_time(&utf8(b)),
             other => panic!("TIME as {other:?}"),
         },
