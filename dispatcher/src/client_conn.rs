@@ -20,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::ctx::Ctx;
-use crate::request::{self, RequestMeta};
+use crate::job::Job;
+use crate::pool::SubmitError;
 use crate::streams::{ClientShared, OpenError};
 
 type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
@@ -202,6 +203,8 @@ async fn run(ctx: &Arc<Ctx>, id: u64, mut reader: Reader, writer: Writer) {
         debug!(open = shared.open_streams(), "connection closing with open streams");
     }
     shared.cancel_all();
+    // Queued requests of this connection would only be skipped by a worker later.
+    drop(ctx.pool.take_waiting_conn(id));
     drop(shared);
     // The writer ends when the last request task drops its handle on the queue.
     let _ = writer_task.await;
@@ -212,7 +215,19 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
     match frame.kind {
         Kind::Request => open_stream(ctx, shared, frame, draining).await,
         Kind::Cancel => {
-            shared.cancel(frame.stream);
+            if shared.cancel(frame.stream) {
+                // Still waiting for a worker: answer now. Otherwise its worker link
+                // sees the token and stops the statement.
+                if let Some(job) = ctx.pool.take_waiting(shared.id, frame.stream) {
+                    job.fail(
+                        &ctx.metrics,
+                        "cancelled",
+                        ErrorCode::Cancelled,
+                        "cancelled while waiting for a worker",
+                    )
+                    .await;
+                }
+            }
             Ok(())
         }
         Kind::Ping => {
@@ -287,10 +302,31 @@ async fn open_stream(
             .await;
         return Ok(());
     }
-    let meta = RequestMeta {
+    let received = std::time::Instant::now();
+    let job = Job {
+        guard,
+        cancel,
+        frame,
         timeout: (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms)),
+        received,
+        queue_deadline: received + ctx.queue_timeout(),
+        attempts: 0,
     };
-    request::spawn(ctx.clone(), guard, cancel, frame, meta);
+    if let Err((job, e)) = ctx.pool.submit(job) {
+        let (outcome, code, msg) = match e {
+            SubmitError::QueueFull => (
+                "queue_full",
+                ErrorCode::QueueFull,
+                "all workers busy and the wait queue is full",
+            ),
+            SubmitError::ShuttingDown => (
+                "shutting_down",
+                ErrorCode::ShuttingDown,
+                "the dispatcher is shutting down",
+            ),
+        };
+        job.fail(&ctx.metrics, outcome, code, msg).await;
+    }
     Ok(())
 }
 

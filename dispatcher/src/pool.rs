@@ -2,36 +2,51 @@
 //! quitting, the LIFO stack of idle workers and the bounded FIFO of requests
 //! waiting for one. The pool is the single owner of this state; the supervisor
 //! (processes) and the worker links (sockets) report to it.
+//!
+//! Requests are pushed to workers, not pulled by tasks: `submit` hands a job to
+//! an idle worker's link or queues it, and a link that finished a request takes
+//! the next queued job itself (`next_job`), in the same wake-up.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use osprey_protocol::{Frame, Kind, QuitNow};
+use osprey_protocol::ErrorCode;
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
 
+use crate::job::{fail_later, Job};
 use crate::metrics::Metrics;
 
 /// A worker that closed its link gets this long to exit by itself.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 /// A worker told to quit (QUIT_NOW) that has not exited by then is killed.
 const QUIT_DEADLINE: Duration = Duration::from_secs(10);
+/// Jobs a link's channel holds. Only an idle link is sent a job, so one is
+/// enough; the spare absorbs nothing but keeps `try_send` from ever failing
+/// for a live link.
+pub const LINK_JOBS: usize = 2;
 
-/// What a request task holds to talk to one registered worker.
+/// How the pool reaches one registered worker's link task.
 #[derive(Clone, Debug)]
 pub struct WorkerLink {
-    /// Frames to the worker (REQUEST, CANCEL, PING, PONG, QUIT_NOW), written by its writer task.
-    pub to_worker: mpsc::Sender<Frame>,
-    /// Where the link's reader must forward the response frames of the next request.
-    pub assign: mpsc::Sender<Assignment>,
+    /// Jobs for the worker; sent only while the slot is idle.
+    pub jobs: mpsc::Sender<Job>,
+    /// Cancelled when the (idle) worker must retire: the link sends QUIT_NOW.
+    pub quit: CancellationToken,
 }
 
-/// Response routing for one request on a worker.
-#[derive(Debug)]
-pub struct Assignment {
-    pub stream: u32,
-    pub tx: mpsc::Sender<Frame>,
+/// What a link does after its worker finished a request.
+pub enum Next {
+    /// Serve this queued job (the slot stays busy).
+    Job(Job),
+    /// Nothing waiting: the slot is idle.
+    Idle,
+    /// The worker must retire: send QUIT_NOW.
+    Quit,
+    /// The slot no longer belongs to this link (killed or exited).
+    Gone,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -61,11 +76,10 @@ struct Slot {
     kill: mpsc::UnboundedSender<&'static str>,
 }
 
-/// Why a request did not get a worker.
+/// Why a request was not accepted for a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AcquireError {
+pub enum SubmitError {
     QueueFull,
-    QueueTimeout,
     ShuttingDown,
 }
 
@@ -73,7 +87,8 @@ struct Inner {
     slots: BTreeMap<u32, Slot>,
     /// Idle slots, most recently used last (LIFO keeps sessions and caches warm).
     idle: Vec<(u32, u64)>,
-    waiters: VecDeque<oneshot::Sender<Lease>>,
+    /// Jobs waiting for a worker, oldest first.
+    waiting: VecDeque<Job>,
     queue_capacity: usize,
     target_size: usize,
     shutting_down: bool,
@@ -113,6 +128,8 @@ pub struct Pool {
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
     backend_name: String,
+    /// Wakes the queue reaper when the wait queue stops being empty.
+    reaper: Notify,
 }
 
 impl Pool {
@@ -121,7 +138,7 @@ impl Pool {
             inner: Mutex::new(Inner {
                 slots: BTreeMap::new(),
                 idle: Vec::new(),
-                waiters: VecDeque::new(),
+                waiting: VecDeque::new(),
                 queue_capacity,
                 target_size,
                 shutting_down: false,
@@ -129,6 +146,7 @@ impl Pool {
             }),
             metrics,
             backend_name,
+            reaper: Notify::new(),
         })
     }
 
@@ -137,49 +155,99 @@ impl Pool {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for an idle worker: LIFO among idle ones, else FIFO in a bounded queue.
-    pub async fn acquire(self: &Arc<Self>, timeout: Duration) -> Result<Lease, AcquireError> {
-        let rx = {
-            let mut g = self.lock();
-            if g.shutting_down {
-                return Err(AcquireError::ShuttingDown);
-            }
-            if let Some(lease) = self.pop_idle(&mut g) {
-                return Ok(lease);
-            }
-            if g.waiters.len() >= g.queue_capacity {
-                g.waiters.retain(|w| !w.is_closed());
-                if g.waiters.len() >= g.queue_capacity {
-                    return Err(AcquireError::QueueFull);
-                }
-            }
-            let (tx, rx) = oneshot::channel();
-            g.waiters.push_back(tx);
-            self.metrics.queue_depth.set(g.waiters.len() as i64);
-            rx
-        };
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(lease)) => Ok(lease),
-            Ok(Err(_)) => Err(AcquireError::ShuttingDown),
-            Err(_) => Err(AcquireError::QueueTimeout),
+    /// Hands a job to an idle worker (LIFO), else queues it (bounded FIFO).
+    /// Err gives the job back with the reason it cannot be served (by value:
+    /// boxing it would cost an allocation on every request's path).
+    #[allow(clippy::result_large_err)]
+    pub fn submit(self: &Arc<Self>, job: Job) -> Result<(), (Job, SubmitError)> {
+        let mut g = self.lock();
+        if g.shutting_down {
+            return Err((job, SubmitError::ShuttingDown));
         }
+        let job = match self.to_idle_worker(&mut g, job) {
+            Ok(()) => return Ok(()),
+            Err(job) => job,
+        };
+        if g.waiting.len() >= g.queue_capacity {
+            return Err((job, SubmitError::QueueFull));
+        }
+        g.waiting.push_back(job);
+        self.metrics.queue_depth.set(g.waiting.len() as i64);
+        if g.waiting.len() == 1 {
+            self.reaper.notify_one();
+        }
+        Ok(())
     }
 
-    fn pop_idle(self: &Arc<Self>, g: &mut Inner) -> Option<Lease> {
+    /// A link could not deliver `job` (its worker vanished first): another worker
+    /// gets it, ahead of the queue since it was admitted earlier.
+    #[allow(clippy::result_large_err)]
+    pub fn requeue(self: &Arc<Self>, job: Job) -> Result<(), (Job, SubmitError)> {
+        let mut g = self.lock();
+        if g.shutting_down {
+            return Err((job, SubmitError::ShuttingDown));
+        }
+        if let Err(job) = self.to_idle_worker(&mut g, job) {
+            g.waiting.push_front(job);
+            self.metrics.queue_depth.set(g.waiting.len() as i64);
+            self.reaper.notify_one();
+        }
+        Ok(())
+    }
+
+    fn to_idle_worker(&self, g: &mut Inner, mut job: Job) -> Result<(), Job> {
         while let Some((index, generation)) = g.idle.pop() {
             let Some(slot) = g.slots.get_mut(&index) else { continue };
             if slot.generation != generation || slot.state != SlotState::Idle {
                 continue;
             }
-            let Some(link) = slot.link.clone() else { continue };
-            slot.state = SlotState::Busy;
-            return Some(Lease::new(self.clone(), index, generation, link));
+            let Some(link) = &slot.link else { continue };
+            match link.jobs.try_send(job) {
+                Ok(()) => {
+                    slot.state = SlotState::Busy;
+                    self.publish_states(g);
+                    return Ok(());
+                }
+                // The link task is gone; its `link_lost` will clean up the slot.
+                Err(e) => job = e.into_inner(),
+            }
         }
-        None
+        Err(job)
     }
 
-    /// Puts a ready worker to use: to the first live waiter, else on the idle stack;
-    /// or, if it should retire, tells it to quit.
+    /// The worker of `index` finished a request (`served`) or skipped one; what next.
+    pub fn next_job(self: &Arc<Self>, index: u32, generation: u64, served: bool) -> Next {
+        let mut guard = self.lock();
+        let g = &mut *guard;
+        let Some(slot) = g
+            .slots
+            .get_mut(&index)
+            .filter(|s| s.generation == generation && s.link.is_some())
+        else {
+            return Next::Gone;
+        };
+        if served {
+            slot.requests += 1;
+        }
+        if slot.quit_pending || slot.retiring || g.shutting_down {
+            slot.state = SlotState::Quitting;
+            slot.quit_pending = false;
+            self.arm_quit_deadline(index, generation);
+            self.publish_states(g);
+            return Next::Quit;
+        }
+        if let Some(job) = g.waiting.pop_front() {
+            self.metrics.queue_depth.set(g.waiting.len() as i64);
+            return Next::Job(job);
+        }
+        slot.state = SlotState::Idle;
+        g.idle.push((index, generation));
+        self.publish_states(g);
+        Next::Idle
+    }
+
+    /// Puts a newly ready worker to use: the oldest waiting job, else the idle
+    /// stack; or, if it should retire, tells it to quit.
     fn make_available(self: &Arc<Self>, g: &mut Inner, index: u32) {
         let shutting_down = g.shutting_down;
         let Some(slot) = g.slots.get_mut(&index) else { return };
@@ -187,39 +255,87 @@ impl Pool {
         let generation = slot.generation;
         if slot.quit_pending || slot.retiring || shutting_down {
             slot.state = SlotState::Quitting;
-            self.arm_quit_deadline(index, generation);
             slot.quit_pending = false;
-            // The worker is idle and off the idle stack: nothing can be on its way to it.
-            let _ = link.to_worker.try_send(Frame::new(Kind::QuitNow, 0, &QuitNow {}));
+            self.arm_quit_deadline(index, generation);
+            link.quit.cancel();
             return;
         }
-        slot.state = SlotState::Busy;
-        while let Some(waiter) = g.waiters.pop_front() {
-            match waiter.send(Lease::new(self.clone(), index, generation, link.clone())) {
+        if let Some(job) = g.waiting.pop_front() {
+            match link.jobs.try_send(job) {
                 Ok(()) => {
-                    self.metrics.queue_depth.set(g.waiters.len() as i64);
+                    slot.state = SlotState::Busy;
+                    self.metrics.queue_depth.set(g.waiting.len() as i64);
                     return;
                 }
-                Err(mut lease) => lease.disarm(),
+                Err(e) => {
+                    // Gone already: the job keeps its place.
+                    g.waiting.push_front(e.into_inner());
+                    return;
+                }
             }
         }
-        self.metrics.queue_depth.set(0);
-        let slot = g.slots.get_mut(&index).expect("slot looked up above");
         slot.state = SlotState::Idle;
         g.idle.push((index, generation));
     }
 
-    fn release(self: &Arc<Self>, index: u32, generation: u64, served: bool) {
+    /// Takes a job that is still waiting (the client cancelled it).
+    pub fn take_waiting(&self, conn: u64, stream: u32) -> Option<Job> {
         let mut g = self.lock();
-        let Some(slot) = g.slots.get_mut(&index) else { return };
-        if slot.generation != generation || slot.link.is_none() {
-            return;
+        let at = g
+            .waiting
+            .iter()
+            .position(|j| j.conn() == conn && j.stream() == stream)?;
+        let job = g.waiting.remove(at);
+        self.metrics.queue_depth.set(g.waiting.len() as i64);
+        job
+    }
+
+    /// Takes every waiting job of a connection that closed.
+    pub fn take_waiting_conn(&self, conn: u64) -> Vec<Job> {
+        let mut g = self.lock();
+        if !g.waiting.iter().any(|j| j.conn() == conn) {
+            return Vec::new();
         }
-        if served {
-            slot.requests += 1;
+        let (gone, kept): (VecDeque<Job>, VecDeque<Job>) = g.waiting.drain(..).partition(|j| j.conn() == conn);
+        g.waiting = kept;
+        self.metrics.queue_depth.set(g.waiting.len() as i64);
+        gone.into()
+    }
+
+    /// Fails waiting jobs whose queue deadline passed, for as long as the pool lives.
+    pub async fn run_reaper(self: Arc<Self>) {
+        loop {
+            let (expired, next) = {
+                let mut g = self.lock();
+                let now = Instant::now();
+                let mut expired = Vec::new();
+                // Deadlines grow along the queue (one queue_timeout for all; a
+                // requeued job at the front is older still).
+                while g.waiting.front().is_some_and(|j| j.queue_deadline <= now) {
+                    expired.extend(g.waiting.pop_front());
+                }
+                if !expired.is_empty() {
+                    self.metrics.queue_depth.set(g.waiting.len() as i64);
+                }
+                (expired, g.waiting.front().map(|j| j.queue_deadline))
+            };
+            fail_later(
+                expired,
+                self.metrics.clone(),
+                "queue_timeout",
+                ErrorCode::QueueTimeout,
+                "no worker became free within queue_timeout",
+            );
+            match next {
+                Some(deadline) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline.into()) => {}
+                        _ = self.reaper.notified() => {}
+                    }
+                }
+                None => self.reaper.notified().await,
+            }
         }
-        self.make_available(&mut g, index);
-        self.publish_states(&g);
     }
 
     /// Registers a new slot (the supervisor then spawns its process).
@@ -322,7 +438,7 @@ impl Pool {
             SlotState::Idle => {
                 slot.state = SlotState::Quitting;
                 if let Some(link) = &slot.link {
-                    let _ = link.to_worker.try_send(Frame::new(Kind::QuitNow, 0, &QuitNow {}));
+                    link.quit.cancel();
                 }
                 g.idle.retain(|&(i, _)| i != index);
                 self.arm_quit_deadline(index, generation);
@@ -495,7 +611,7 @@ impl Pool {
             SlotState::Idle => {
                 slot.state = SlotState::Quitting;
                 if let Some(link) = &slot.link {
-                    let _ = link.to_worker.try_send(Frame::new(Kind::QuitNow, 0, &QuitNow {}));
+                    link.quit.cancel();
                 }
                 let generation = slot.generation;
                 g.idle.retain(|&(i, _)| i != index);
@@ -509,12 +625,20 @@ impl Pool {
         }
     }
 
-    /// Stops handing out workers: waiters fail, idle workers quit, busy ones quit
-    /// after their response.
+    /// Stops handing out workers: waiting jobs fail, idle workers quit, busy ones
+    /// quit after their response.
     pub fn shutdown(self: &Arc<Self>) {
         let mut g = self.lock();
         g.shutting_down = true;
-        g.waiters.clear();
+        let waiting: Vec<Job> = g.waiting.drain(..).collect();
+        self.metrics.queue_depth.set(0);
+        fail_later(
+            waiting,
+            self.metrics.clone(),
+            "shutting_down",
+            ErrorCode::ShuttingDown,
+            "the dispatcher is shutting down",
+        );
         let indices: Vec<u32> = g.slots.keys().copied().collect();
         for index in indices {
             self.retire(&mut g, index);
@@ -527,9 +651,7 @@ impl Pool {
     }
 
     pub fn queue_depth(&self) -> usize {
-        let mut g = self.lock();
-        g.waiters.retain(|w| !w.is_closed());
-        g.waiters.len()
+        self.lock().waiting.len()
     }
 
     pub fn idle_count(&self) -> usize {
@@ -541,8 +663,7 @@ impl Pool {
     }
 
     pub fn view(&self) -> (PoolView, Vec<SlotView>) {
-        let mut g = self.lock();
-        g.waiters.retain(|w| !w.is_closed());
+        let g = self.lock();
         let count = |st: SlotState| g.slots.values().filter(|s| s.state == st).count();
         let pool = PoolView {
             size: g.target_size,
@@ -551,7 +672,7 @@ impl Pool {
             busy: count(SlotState::Busy),
             starting: count(SlotState::Starting),
             quitting: count(SlotState::Quitting),
-            queue_depth: g.waiters.len(),
+            queue_depth: g.waiting.len(),
             queue_capacity: g.queue_capacity,
             respawns: self.metrics.respawns.get(),
             recycles: self.metrics.recycles.get(),
@@ -583,66 +704,6 @@ impl Pool {
         ] {
             let n = g.slots.values().filter(|s| s.state == st).count();
             self.metrics.slot_state(st).set(n as i64);
-        }
-    }
-}
-
-/// The right to use one worker for one request. Dropped unused, the worker goes
-/// back to the pool; dropped while a request is on the worker (the request task
-/// died), the worker's state is unknown and it is killed.
-pub struct Lease {
-    pool: Arc<Pool>,
-    pub slot: u32,
-    pub generation: u64,
-    pub link: WorkerLink,
-    in_use: bool,
-    armed: bool,
-}
-
-impl Lease {
-    fn new(pool: Arc<Pool>, slot: u32, generation: u64, link: WorkerLink) -> Lease {
-        Lease {
-            pool,
-            slot,
-            generation,
-            link,
-            in_use: false,
-            armed: true,
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-
-    /// A REQUEST is about to be sent to the worker.
-    pub fn mark_in_use(&mut self) {
-        self.in_use = true;
-    }
-
-    /// The worker sent END: it is free for the next request.
-    pub fn release(mut self) {
-        self.armed = false;
-        self.pool.release(self.slot, self.generation, true);
-    }
-
-    /// The worker must die (timeout, lost link); its slot is refilled.
-    pub fn kill(mut self, why: &'static str) {
-        self.armed = false;
-        self.pool.kill(self.slot, self.generation, why);
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if self.in_use {
-            self.pool
-                .kill(self.slot, self.generation, "request abandoned while on the worker");
-        } else {
-            self.pool.release(self.slot, self.generation, false);
         }
     }
 }

@@ -111,6 +111,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let supervisor = Supervisor::new(ctx.clone(), worker_binary, socket_path.clone());
     supervisor.resize(initial);
     tokio::spawn(supervisor.clone().run_elastic());
+    tokio::spawn(ctx.pool.clone().run_reaper());
 
     let admin_task = tokio::spawn({
         let state = AdminState {

@@ -1,6 +1,5 @@
 //! The dispatcher's side of one worker connection (Unix socket): registration,
-//! then a reader that routes response frames to the current request and a
-//! writer that owns the socket's write half.
+//! then the relay (`relay.rs`) serves requests on it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,24 +9,16 @@ use osprey_protocol::{
     ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Origin, Ping, Ready, Role, PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
 };
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
-use tokio::time::{timeout, Instant};
+use tokio::time::timeout;
 use tokio_util::codec::{FramedRead, FramedWrite};
-use tracing::{debug, info, warn, Instrument};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn, Instrument};
 
 use crate::ctx::{constant_time_eq, Ctx};
-use crate::pool::{Assignment, WorkerLink};
-
-/// Why a link ended when the worker closed it (it is exiting by itself).
-const WORKER_CLOSED: &str = "worker closed the connection";
-
-/// Frames queued towards one worker.
-const WORKER_QUEUE: usize = 64;
-
-type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
-type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
+use crate::pool::{WorkerLink, LINK_JOBS};
+use crate::relay::{Reader, Relay, Writer};
 
 #[derive(Debug, thiserror::Error)]
 enum RegisterError {
@@ -64,19 +55,24 @@ pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
     let span = tracing::info_span!("worker", slot, pid = peer_pid);
     async move {
         info!(db_connection_id = ready.db_connection_id, "worker ready");
-        let (to_worker, out_rx) = mpsc::channel(WORKER_QUEUE);
-        let (assign, assign_rx) = mpsc::channel(1);
+        let (jobs_tx, jobs) = mpsc::channel(LINK_JOBS);
+        let quit = CancellationToken::new();
         let link = WorkerLink {
-            to_worker: to_worker.clone(),
-            assign,
+            jobs: jobs_tx,
+            quit: quit.clone(),
         };
-        let writer_task = tokio::spawn(write_loop(writer, out_rx));
         if ctx.pool.worker_ready(slot, generation, link, ready.db_connection_id) {
-            let why = read_loop(&ctx, slot, generation, reader, to_worker, assign_rx).await;
-            debug!("worker link ended: {why}");
-            ctx.pool.link_lost(slot, generation, why, why == WORKER_CLOSED);
+            let relay = Relay {
+                ctx: ctx.clone(),
+                slot,
+                generation,
+                reader,
+                writer,
+                jobs,
+                quit,
+            };
+            relay.run().await;
         }
-        writer_task.abort();
     }
     .instrument(span)
     .await
@@ -159,91 +155,6 @@ async fn register(
                     "unexpected {} before READY",
                     other.name()
                 )))
-            }
-        }
-    }
-}
-
-async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Frame>) {
-    while let Some(frame) = rx.recv().await {
-        if writer.feed(frame).await.is_err() {
-            return;
-        }
-        while let Ok(frame) = rx.try_recv() {
-            if writer.feed(frame).await.is_err() {
-                return;
-            }
-        }
-        if SinkExt::<Frame>::flush(&mut writer).await.is_err() {
-            return;
-        }
-    }
-}
-
-async fn read_loop(
-    ctx: &Ctx,
-    slot: u32,
-    generation: u64,
-    mut reader: Reader,
-    to_worker: mpsc::Sender<Frame>,
-    mut assign_rx: mpsc::Receiver<Assignment>,
-) -> &'static str {
-    let mut current: Option<Assignment> = None;
-    let mut last_rx = Instant::now();
-    let mut tick = tokio::time::interval(ctx.keepalive_interval());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut nonce = 0u64;
-    loop {
-        tokio::select! {
-            biased;
-            // An assignment is always sent before its REQUEST, so taking it first
-            // guarantees it is in place when the response arrives.
-            a = assign_rx.recv(), if current.is_none() => match a {
-                Some(a) => current = Some(a),
-                None => return "pool dropped the link",
-            },
-            frame = reader.next() => {
-                let frame = match frame {
-                    None => return WORKER_CLOSED,
-                    Some(Err(e)) => {
-                        warn!("bad frame from worker: {e}");
-                        return "bad frame from worker";
-                    }
-                    Some(Ok(frame)) => frame,
-                };
-                last_rx = Instant::now();
-                match frame.kind {
-                    Kind::Ping => {
-                        let Ok(ping) = frame.body::<Ping>() else { return "bad PING body" };
-                        let _ = to_worker.try_send(Frame::new(Kind::Pong, 0, &ping));
-                    }
-                    Kind::Pong => {}
-                    Kind::QuitRequest => {
-                        debug!("worker asks to retire");
-                        ctx.pool.quit_requested(slot, generation);
-                    }
-                    Kind::Columns | Kind::Rows | Kind::Error | Kind::End => {
-                        let Some(a) = current.as_ref() else { return "response frame without a request" };
-                        if frame.stream != a.stream {
-                            return "response frame on the wrong stream";
-                        }
-                        let end = frame.kind == Kind::End;
-                        // A closed receiver means the request task is gone; its lease kills us.
-                        let _ = a.tx.send(frame).await;
-                        if end {
-                            current = None;
-                        }
-                    }
-                    _ => return "unexpected frame kind from worker",
-                }
-            }
-            _ = tick.tick() => {
-                if last_rx.elapsed() > ctx.keepalive_timeout() {
-                    warn!("worker silent past keepalive_timeout");
-                    return "keepalive timeout";
-                }
-                nonce += 1;
-                let _ = to_worker.try_send(Frame::new(Kind::Ping, 0, &Ping { nonce }));
             }
         }
     }

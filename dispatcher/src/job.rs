@@ -1,0 +1,76 @@
+//! One client request on its way through the dispatcher. The client connection
+//! builds it from a REQUEST; the pool's wait queue owns it until a worker link
+//! takes it; that link then owns it until its END (see `relay.rs`). There is no
+//! task per request: the hand-offs between tasks were most of the dispatcher's
+//! cost per request (docs/BENCHMARKS.md).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use osprey_protocol::{ErrorBody, ErrorCode, Frame, Origin};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::streams::StreamGuard;
+
+/// A worker link that could not deliver a job gives it back to the pool; after
+/// this many tries it fails with WORKER_LOST (workers keep vanishing).
+pub const MAX_DISPATCH_ATTEMPTS: u32 = 3;
+
+pub struct Job {
+    /// Owns the client stream: dropping the job answers the client.
+    pub guard: StreamGuard,
+    /// Cancelled by a client CANCEL or by the connection closing.
+    pub cancel: CancellationToken,
+    /// The REQUEST frame as received, relayed to the worker unchanged but for its stream id.
+    pub frame: Frame,
+    /// The client's own timeout, if any (capped by `request_timeout`).
+    pub timeout: Option<Duration>,
+    pub received: Instant,
+    /// Past this, a job still waiting for a worker fails with QUEUE_TIMEOUT.
+    pub queue_deadline: Instant,
+    /// Workers that vanished before this job reached them.
+    pub attempts: u32,
+}
+
+impl Job {
+    pub fn conn(&self) -> u64 {
+        self.guard.shared().id
+    }
+
+    pub fn stream(&self) -> u32 {
+        self.guard.stream()
+    }
+
+    /// Ends the request from the dispatcher's side (the error says whether it was dispatched).
+    pub async fn fail(self, metrics: &Metrics, outcome: &'static str, code: ErrorCode, message: &str) {
+        metrics.outcome(outcome);
+        self.guard
+            .fail(ErrorBody::undispatched(Origin::Dispatcher, code, message))
+            .await;
+    }
+}
+
+/// Fails jobs without making the caller wait for room in their clients' queues.
+pub fn fail_later(
+    jobs: Vec<Job>,
+    metrics: Arc<Metrics>,
+    outcome: &'static str,
+    code: ErrorCode,
+    message: &'static str,
+) {
+    if jobs.is_empty() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            // One task each: a client that does not read must not hold up the others.
+            for job in jobs {
+                let metrics = metrics.clone();
+                runtime.spawn(async move { job.fail(&metrics, outcome, code, message).await });
+            }
+        }
+        // No runtime (tests, teardown): the guards' Drop still answers.
+        Err(_) => drop(jobs),
+    }
+}
