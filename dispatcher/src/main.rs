@@ -63,10 +63,16 @@ fn main() -> anyhow::Result<()> {
         println!("config ok");
         return Ok(());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("tokio runtime")?;
+    let runtime = match args.threads {
+        // One thread: no cross-thread wake-ups (futex) or work stealing at all.
+        Some(1) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n.max(1))
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    }
+    .context("tokio runtime")?;
     runtime.block_on(run(Options {
         config,
         config_path: args.config,
