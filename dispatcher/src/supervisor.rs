@@ -161,8 +161,9 @@ impl Supervisor {
         unsafe {
             cmd.pre_exec(|| {
                 // Workers die with the dispatcher. PDEATHSIG fires when the *thread*
-                // that forked exits; we spawn from runtime worker threads, which live
-                // as long as the dispatcher (never from spawn_blocking threads).
+                // that forked exits; we spawn from runtime threads (the main thread with
+                // the single-threaded runtime), which live as long as the dispatcher
+                // (never from spawn_blocking threads).
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
