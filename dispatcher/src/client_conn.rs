@@ -204,7 +204,10 @@ async fn run(ctx: &Arc<Ctx>, id: u64, mut reader: Reader, writer: Writer) {
     }
     shared.cancel_all();
     // Queued requests of this connection would only be skipped by a worker later.
-    drop(ctx.pool.take_waiting_conn(id));
+    for job in ctx.pool.take_waiting_conn(id) {
+        ctx.metrics.outcome("cancelled");
+        drop(job);
+    }
     drop(shared);
     // The writer ends when the last request task drops its handle on the queue.
     let _ = writer_task.await;
@@ -324,6 +327,7 @@ async fn open_stream(
                 ErrorCode::ShuttingDown,
                 "the dispatcher is shutting down",
             ),
+            SubmitError::Cancelled => ("cancelled", ErrorCode::Cancelled, "cancelled"),
         };
         job.fail(&ctx.metrics, outcome, code, msg).await;
     }

@@ -8,6 +8,7 @@
 //! the next queued job itself (`next_job`), in the same wake-up.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,8 @@ struct Slot {
 pub enum SubmitError {
     QueueFull,
     ShuttingDown,
+    /// (requeue) The client cancelled the request or closed its connection.
+    Cancelled,
 }
 
 struct Inner {
@@ -186,6 +189,11 @@ impl Pool {
         let mut g = self.lock();
         if g.shutting_down {
             return Err((job, SubmitError::ShuttingDown));
+        }
+        // Under the lock: a CANCEL (or close) marks the job before it looks for it
+        // in the queue, so a job it could not find yet is caught here.
+        if job.cancel.is_cancelled() || job.guard.shared().closed.load(Ordering::Relaxed) {
+            return Err((job, SubmitError::Cancelled));
         }
         if let Err(job) = self.to_idle_worker(&mut g, job) {
             g.waiting.push_front(job);

@@ -5,6 +5,7 @@
 //! therefore costs the dispatcher two task wake-ups (this one, the client's
 //! writer) instead of one per hand-off.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,14 +13,15 @@ use futures::{SinkExt, StreamExt};
 use osprey_protocol::{Cancel, End, ErrorBody, ErrorCode, Frame, FrameCodec, Kind, Origin, Ping, QuitNow};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, timeout, timeout_at, Instant as TokioInstant};
+use tokio::time::Interval;
+use tokio::time::{sleep_until, timeout, Instant as TokioInstant};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::ctx::Ctx;
 use crate::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
-use crate::pool::Next;
+use crate::pool::{Next, SubmitError};
 use crate::streams::StreamGuard;
 
 pub type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
@@ -27,6 +29,9 @@ pub type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
 
 /// Why a link ended when the worker closed it (it is exiting by itself).
 pub const WORKER_CLOSED: &str = "worker closed the connection";
+/// Why a link ended after the worker answered with a fatal database error: it
+/// exits next (status 2) and must not be given another request meanwhile.
+const WORKER_FATAL: &str = "worker reported a fatal database error";
 
 /// One request at a time per worker, so a fixed worker-side stream id is enough;
 /// responses on any other id are a broken worker.
@@ -42,28 +47,59 @@ struct Current {
     cancel_sent: bool,
     client_alive: bool,
     errored: bool,
+    /// The worker answered DATABASE_FATAL: it exits after this request.
+    fatal: bool,
 }
 
 pub struct Relay {
-    pub ctx: Arc<Ctx>,
-    pub slot: u32,
-    pub generation: u64,
-    pub reader: Reader,
-    pub writer: Writer,
-    pub jobs: mpsc::Receiver<Job>,
-    pub quit: CancellationToken,
+    ctx: Arc<Ctx>,
+    slot: u32,
+    generation: u64,
+    reader: Reader,
+    writer: Writer,
+    jobs: mpsc::Receiver<Job>,
+    quit: CancellationToken,
+    /// Keepalive: PINGs to the worker, and its silence measured from `last_rx`.
+    tick: Interval,
+    last_rx: TokioInstant,
+    nonce: u64,
 }
 
 impl Relay {
-    /// Runs until the link ends; returns why. The slot's fate (respawn, kill)
-    /// is settled with the pool here, and no job is left behind.
+    pub fn new(
+        ctx: Arc<Ctx>,
+        (slot, generation): (u32, u64),
+        reader: Reader,
+        writer: Writer,
+        jobs: mpsc::Receiver<Job>,
+        quit: CancellationToken,
+    ) -> Relay {
+        let mut tick = tokio::time::interval(ctx.keepalive_interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.reset();
+        Relay {
+            ctx,
+            slot,
+            generation,
+            reader,
+            writer,
+            jobs,
+            quit,
+            tick,
+            last_rx: TokioInstant::now(),
+            nonce: 0,
+        }
+    }
+
+    /// Runs until the link ends. The slot's fate (respawn, kill) is settled with
+    /// the pool here, and no job is left behind.
     pub async fn run(mut self) {
         let mut current = None;
-        let why = self.serve(&mut current).await;
+        let Err(why) = self.serve(&mut current).await;
         debug!("worker link ended: {why}");
         let ctx = self.ctx.clone();
-        ctx.pool
-            .link_lost(self.slot, self.generation, why, why == WORKER_CLOSED);
+        let exiting = why == WORKER_CLOSED || why == WORKER_FATAL;
+        ctx.pool.link_lost(self.slot, self.generation, why, exiting);
         if let Some(cur) = current.take() {
             ctx.metrics.outcome("worker_lost");
             warn!(slot = self.slot, "worker link lost mid-request: {why}");
@@ -85,13 +121,9 @@ impl Relay {
         }
     }
 
-    async fn serve(&mut self, current: &mut Option<Current>) -> &'static str {
+    /// Serves until the link must end; the error says why.
+    async fn serve(&mut self, current: &mut Option<Current>) -> Result<Infallible, &'static str> {
         let ctx = self.ctx.clone();
-        let mut last_rx = TokioInstant::now();
-        let mut tick = tokio::time::interval(ctx.keepalive_interval());
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.reset();
-        let mut nonce = 0u64;
         let mut quit_sent = false;
         let far = TokioInstant::now() + Duration::from_secs(86_400 * 365);
         let never = CancellationToken::new();
@@ -102,14 +134,10 @@ impl Relay {
                 .as_ref()
                 .filter(|c| !c.cancel_sent)
                 .map_or_else(|| never.clone(), |c| c.cancel.clone());
+            // Biased: timers first, so that a worker streaming without pause cannot
+            // starve its own timeout or the keepalive PINGs it needs.
             tokio::select! {
                 biased;
-                _ = cancel.cancelled(), if busy => {
-                    let cur = current.as_mut().expect("busy");
-                    if let Err(why) = self.send_cancel(cur).await {
-                        return why;
-                    }
-                }
                 _ = sleep_until(deadline), if busy => {
                     let cur = current.take().expect("busy");
                     ctx.metrics.outcome("timeout");
@@ -121,7 +149,7 @@ impl Relay {
                     warn!(slot = self.slot, conn = cur.guard.shared().id, stream = cur.guard.stream(), "{msg}");
                     ctx.pool.kill(self.slot, self.generation, "request timeout");
                     tokio::spawn(cur.guard.fail(ErrorBody::undispatched(Origin::Dispatcher, code, msg)));
-                    return "request timeout";
+                    return Err("request timeout");
                 }
                 _ = ctx.abort.cancelled(), if busy => {
                     let cur = current.take().expect("busy");
@@ -132,116 +160,124 @@ impl Relay {
                         ErrorCode::ShuttingDown,
                         "drain_timeout passed during shutdown",
                     )));
-                    return "dispatcher shutdown";
+                    return Err("dispatcher shutdown");
                 }
-                _ = tick.tick() => {
-                    if last_rx.elapsed() > ctx.keepalive_timeout() {
+                _ = cancel.cancelled(), if busy => {
+                    let cur = current.as_mut().expect("busy");
+                    self.send_cancel(cur).await?;
+                }
+                _ = self.tick.tick() => {
+                    if self.last_rx.elapsed() > ctx.keepalive_timeout() {
                         warn!("worker silent past keepalive_timeout");
-                        return "keepalive timeout";
+                        return Err("keepalive timeout");
                     }
-                    nonce += 1;
-                    if let Err(why) = self.write(Frame::new(Kind::Ping, 0, &Ping { nonce })).await {
-                        return why;
-                    }
+                    self.ping().await?;
                 }
                 frame = self.reader.next() => {
                     let frame = match frame {
-                        None => return WORKER_CLOSED,
+                        None => return Err(WORKER_CLOSED),
                         Some(Err(e)) => {
                             warn!("bad frame from worker: {e}");
-                            return "bad frame from worker";
+                            return Err("bad frame from worker");
                         }
                         Some(Ok(frame)) => frame,
                     };
-                    last_rx = TokioInstant::now();
+                    self.last_rx = TokioInstant::now();
                     match frame.kind {
-                        Kind::Columns | Kind::Rows | Kind::Error | Kind::End => {
-                            let Some(cur) = current.as_mut() else { return "response frame without a request" };
+                        Kind::Columns | Kind::Rows | Kind::Error => {
+                            let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
                             if frame.stream != WORKER_STREAM {
-                                return "response frame on the wrong stream";
+                                return Err("response frame on the wrong stream");
                             }
-                            if frame.kind != Kind::End {
-                                cur.errored |= frame.kind == Kind::Error;
-                                if cur.client_alive && !cur.guard.forward(frame).await {
-                                    // The client is gone: stop the statement, keep draining to END.
-                                    cur.client_alive = false;
-                                    if let Err(why) = self.send_cancel(cur).await {
-                                        return why;
-                                    }
-                                }
-                                continue;
+                            if frame.kind == Kind::Error {
+                                cur.errored = true;
+                                cur.fatal |= frame
+                                    .body::<ErrorBody>()
+                                    .is_ok_and(|e| e.code == ErrorCode::DatabaseFatal);
                             }
-                            let cur = current.take().expect("checked above");
-                            self.finish(cur, frame).await;
-                            match self.advance(current, true).await {
-                                Ok(quit) => quit_sent |= quit,
-                                Err(why) => return why,
+                            if cur.client_alive && !self.forward(&mut cur.guard, frame).await? {
+                                // The client is gone: stop the statement, keep draining to END.
+                                cur.client_alive = false;
+                                self.send_cancel(cur).await?;
                             }
                         }
-                        Kind::Ping => {
-                            let Ok(ping) = frame.body::<Ping>() else { return "bad PING body" };
-                            if let Err(why) = self.write(Frame::new(Kind::Pong, 0, &ping)).await {
-                                return why;
+                        Kind::End => {
+                            let Some(cur) = current.take() else { return Err("response frame without a request") };
+                            if frame.stream != WORKER_STREAM {
+                                return Err("response frame on the wrong stream");
                             }
+                            if self.finish(cur, frame).await? {
+                                return Err(WORKER_FATAL);
+                            }
+                            quit_sent |= self.advance(current, true).await?;
+                        }
+                        Kind::Ping => {
+                            let Ok(ping) = frame.body::<Ping>() else { return Err("bad PING body") };
+                            self.write(Frame::new(Kind::Pong, 0, &ping)).await?;
                         }
                         Kind::Pong => {}
                         Kind::QuitRequest => {
                             debug!("worker asks to retire");
                             ctx.pool.quit_requested(self.slot, self.generation);
                         }
-                        _ => return "unexpected frame kind from worker",
+                        _ => return Err("unexpected frame kind from worker"),
                     }
                 }
                 job = self.jobs.recv(), if !busy => {
-                    let Some(job) = job else { return "pool dropped the link" };
-                    match self.start(current, job).await {
-                        Ok(true) => {}
+                    let Some(job) = job else { return Err("pool dropped the link") };
+                    if !self.start(current, job).await? {
                         // Skipped (cancelled meanwhile): the slot wants its next job.
-                        Ok(false) => match self.advance(current, false).await {
-                            Ok(quit) => quit_sent |= quit,
-                            Err(why) => return why,
-                        },
-                        Err(why) => return why,
+                        quit_sent |= self.advance(current, false).await?;
                     }
                 }
                 _ = self.quit.cancelled(), if !busy && !quit_sent => {
                     quit_sent = true;
-                    if let Err(why) = self.write(Frame::new(Kind::QuitNow, 0, &QuitNow {})).await {
-                        return why;
-                    }
+                    self.write(Frame::new(Kind::QuitNow, 0, &QuitNow {})).await?;
                 }
             }
         }
     }
 
     /// Sends `job` to the worker. Ok(false): the job needed no worker after all
-    /// (cancelled or its client gone) and was answered.
-    async fn start(&mut self, current: &mut Option<Current>, mut job: Job) -> Result<bool, &'static str> {
+    /// (cancelled, its client gone, or the dispatcher aborting) and was answered.
+    async fn start(&mut self, current: &mut Option<Current>, job: Job) -> Result<bool, &'static str> {
         let ctx = &self.ctx;
         if job.guard.shared().closed.load(std::sync::atomic::Ordering::Relaxed) {
+            ctx.metrics.outcome("cancelled");
             drop(job); // nobody to answer; the guard closes the stream
             return Ok(false);
         }
-        if job.cancel.is_cancelled() {
-            fail_later(
-                vec![job],
-                ctx.metrics.clone(),
+        let skip = if job.cancel.is_cancelled() {
+            Some((
                 "cancelled",
                 ErrorCode::Cancelled,
                 "cancelled while waiting for a worker",
-            );
+            ))
+        } else if ctx.abort.is_cancelled() {
+            Some((
+                "shutting_down",
+                ErrorCode::ShuttingDown,
+                "the dispatcher is shutting down",
+            ))
+        } else {
+            None
+        };
+        if let Some((outcome, code, msg)) = skip {
+            fail_later(vec![job], ctx.metrics.clone(), outcome, code, msg);
             return Ok(false);
         }
         let queue_time = job.received.elapsed();
         ctx.metrics.queue_wait.observe(queue_time.as_secs_f64());
-        let timeout = job
+        let limit = job
             .timeout
             .unwrap_or_else(|| ctx.request_timeout())
             .min(ctx.request_timeout());
-        let deadline = TokioInstant::now() + timeout;
+        let deadline = TokioInstant::now() + limit;
         let frame = job.frame.clone().with_stream(WORKER_STREAM);
-        // A worker that takes no bytes is as hung as one that does not answer.
-        let sent = timeout_at(deadline, self.writer.send(frame)).await;
+        // Bounded by the worker's liveness, not by the request's deadline: a large
+        // REQUEST with a short timeout is a timeout (handled by the loop), not a
+        // dead worker.
+        let sent = timeout(ctx.keepalive_timeout(), self.writer.send(frame)).await;
         if !matches!(sent, Ok(Ok(()))) {
             // It may be mid-way into the socket, but a worker reads a REQUEST
             // whole before it acts: the link closes now, so it never ran.
@@ -252,10 +288,16 @@ impl Relay {
                 Ok(_) => WORKER_CLOSED,
             });
         }
-        job.guard.set_dispatched();
-        debug!(slot = self.slot, conn = job.conn(), stream = job.stream(), "dispatched");
+        let mut guard = job.guard;
+        guard.set_dispatched();
+        debug!(
+            slot = self.slot,
+            conn = guard.shared().id,
+            stream = guard.stream(),
+            "dispatched"
+        );
         *current = Some(Current {
-            guard: job.guard,
+            guard,
             cancel: job.cancel,
             received: job.received,
             queue_time,
@@ -263,6 +305,7 @@ impl Relay {
             cancel_sent: false,
             client_alive: true,
             errored: false,
+            fatal: false,
         });
         Ok(true)
     }
@@ -287,11 +330,12 @@ impl Relay {
         }
     }
 
-    /// Relays END (with the time the request waited) and accounts for the request.
-    async fn finish(&self, mut cur: Current, frame: Frame) {
+    /// Relays END (with the time the request waited) and accounts for the
+    /// request. Ok(true): the worker is exiting (fatal database error).
+    async fn finish(&mut self, mut cur: Current, frame: Frame) -> Result<bool, &'static str> {
         let frame = with_queue_time(frame, cur.queue_time);
         if cur.client_alive {
-            cur.guard.forward(frame).await;
+            self.forward(&mut cur.guard, frame).await?;
         }
         let ctx = &self.ctx;
         ctx.metrics.latency.observe(cur.received.elapsed().as_secs_f64());
@@ -300,6 +344,32 @@ impl Relay {
             (false, true) => "error",
             (false, false) => "ok",
         });
+        Ok(cur.fatal)
+    }
+
+    /// Puts a response frame into the client's write queue. While a slow client
+    /// keeps that queue full the worker's frames wait in its socket, so the
+    /// link is kept alive meanwhile (PINGs out, the worker's silence not
+    /// counted). Ok(false): the client is gone.
+    async fn forward(&mut self, guard: &mut StreamGuard, frame: Frame) -> Result<bool, &'static str> {
+        let forward = guard.forward(frame);
+        tokio::pin!(forward);
+        loop {
+            tokio::select! {
+                biased;
+                alive = &mut forward => {
+                    self.last_rx = TokioInstant::now();
+                    return Ok(alive);
+                }
+                _ = self.tick.tick() => self.ping().await?,
+            }
+        }
+    }
+
+    async fn ping(&mut self) -> Result<(), &'static str> {
+        self.nonce += 1;
+        let ping = Ping { nonce: self.nonce };
+        self.write(Frame::new(Kind::Ping, 0, &ping)).await
     }
 
     async fn send_cancel(&mut self, cur: &mut Current) -> Result<(), &'static str> {
@@ -331,19 +401,30 @@ impl Relay {
 fn give_back(ctx: &Ctx, mut job: Job) {
     job.attempts += 1;
     let failed = if job.attempts >= MAX_DISPATCH_ATTEMPTS {
-        Some((job, ErrorCode::WorkerLost, "workers kept vanishing before dispatch"))
+        Some((
+            job,
+            "worker_lost",
+            ErrorCode::WorkerLost,
+            "workers kept vanishing before dispatch",
+        ))
     } else {
         match ctx.pool.requeue(job) {
             Ok(()) => None,
-            Err((job, _)) => Some((job, ErrorCode::ShuttingDown, "the dispatcher is shutting down")),
+            Err((job, SubmitError::Cancelled)) => Some((
+                job,
+                "cancelled",
+                ErrorCode::Cancelled,
+                "cancelled while waiting for a worker",
+            )),
+            Err((job, _)) => Some((
+                job,
+                "shutting_down",
+                ErrorCode::ShuttingDown,
+                "the dispatcher is shutting down",
+            )),
         }
     };
-    if let Some((job, code, msg)) = failed {
-        let outcome = if code == ErrorCode::WorkerLost {
-            "worker_lost"
-        } else {
-            "shutting_down"
-        };
+    if let Some((job, outcome, code, msg)) = failed {
         fail_later(vec![job], ctx.metrics.clone(), outcome, code, msg);
     }
 }

@@ -62,16 +62,9 @@ pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
             quit: quit.clone(),
         };
         if ctx.pool.worker_ready(slot, generation, link, ready.db_connection_id) {
-            let relay = Relay {
-                ctx: ctx.clone(),
-                slot,
-                generation,
-                reader,
-                writer,
-                jobs,
-                quit,
-            };
-            relay.run().await;
+            Relay::new(ctx.clone(), (slot, generation), reader, writer, jobs, quit)
+                .run()
+                .await;
         }
     }
     .instrument(span)

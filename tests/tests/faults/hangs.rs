@@ -8,6 +8,9 @@ use nix::unistd::Pid;
 use osprey_client::{ErrorCode, Origin};
 use osprey_tests::harness::{process_alive, wait_for};
 
+use osprey_protocol::{ErrorBody, Frame, Kind, Request};
+
+use crate::raw::{Got, Raw};
 use crate::{assert_closed_loop, cluster, describe, ms, serial, slots, wait_busy, wait_replaced};
 
 /// Test 3. A worker is SIGSTOPped while it runs `SELECT SLEEP(3)`: at `request_timeout`
@@ -180,4 +183,49 @@ async fn hung_database() {
     let s = assert_closed_loop(&c, &[&client], SLOTS as usize).await;
     assert_eq!(slots(d).await.len(), SLOTS as usize);
     println!("hung database: final pool {}", s["pool"]);
+}
+
+/// Review finding (relay rewrite). A REQUEST bigger than the worker socket's buffer
+/// with a 1 ms timeout is a REQUEST_TIMEOUT on one worker. The deadline once also
+/// bounded the write of the REQUEST into the worker socket, so the write "failed", the
+/// worker was taken for dead, the request went to the next worker and the next: three
+/// healthy workers killed and WORKER_LOST (retryable) for the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_request_with_a_short_timeout() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 3\n").await;
+    let d = &c.dispatcher;
+    let client = d.client().await.unwrap();
+    client.query("SELECT 1", &[]).await.unwrap();
+    d.wait_idle(3, Duration::from_secs(10)).await.unwrap();
+
+    // ~15 MB of SQL: a Unix socket takes a few hundred KB before its reader must
+    // catch up, so the write alone outlasts 1 ms. A raw client: the SDK would give up
+    // locally at 1 ms and cancel.
+    let (mut raw, _) = Raw::open(d.client_addr, &d.client_token).await;
+    let sql = format!("SELECT LENGTH('{}')", "x".repeat(15_000_000));
+    let request = Request {
+        timeout_ms: 1,
+        ..Request::sql(sql)
+    };
+    let t0 = Instant::now();
+    raw.send(Frame::new(Kind::Request, 1, &request)).await;
+    let err = match raw.next_data(Duration::from_secs(10)).await {
+        Got::Frame(f) if f.kind == Kind::Error && f.stream == 1 => f.body::<ErrorBody>().unwrap(),
+        other => panic!("expected ERROR on stream 1, got {other:?}"),
+    };
+    match raw.next_data(Duration::from_secs(5)).await {
+        Got::Frame(f) if f.kind == Kind::End && f.stream == 1 => {}
+        other => panic!("expected END on stream 1, got {other:?}"),
+    }
+    println!("large request, 1 ms timeout: {err:?} after {} ms", ms(t0));
+    assert_eq!(err.code, ErrorCode::RequestTimeout, "{err:?}");
+    assert_eq!(err.origin, Origin::Dispatcher, "{err:?}");
+    // The worker that got the request is killed (request_timeout stops a statement by
+    // killing its worker); no other.
+    assert_eq!(crate::metric(d, "osprey_worker_kills_total").await, 1.0);
+    d.wait_idle(3, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(crate::metric(d, "osprey_worker_kills_total").await, 1.0);
+    client.query("SELECT 1", &[]).await.unwrap();
+    assert_closed_loop(&c, &[&client], 3).await;
 }

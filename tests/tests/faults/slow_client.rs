@@ -4,9 +4,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use osprey_protocol::{Frame, Kind, Ping, Rows};
 use osprey_tests::harness::{rss_kib, wait_for};
 
-use crate::raw::{request, Raw};
+use crate::raw::{request, Got, Raw};
 use crate::{assert_closed_loop, cluster, describe, ms, serial, slots};
 
 /// Test 7. A raw client asks for ~200 MB of rows and never reads: within a few seconds
@@ -107,4 +108,59 @@ async fn stopped_client_is_cut_off() {
     println!("stopped client: {buffered} bytes were in flight when it was cut off");
     drop(sock);
     assert_closed_loop(&c, &[&client], 2).await;
+}
+
+/// Review finding (relay rewrite). A client that pauses reading a big result for longer
+/// than keepalive_timeout (but well within client_write_timeout), while it keeps its own
+/// link alive with PINGs, gets its whole result afterwards, from the same worker. While
+/// the client's queue is full the dispatcher does not read the worker's socket; that
+/// silence once counted as the worker's (keepalive timeout, worker killed), and the
+/// worker, getting no PINGs, gave up on the dispatcher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_client_keeps_its_worker() {
+    let _serial = serial().await;
+    let c = cluster(
+        "[pool]\nsize = 2\n[timeouts]\nkeepalive_interval_ms = 200\nkeepalive_timeout_ms = 800\n\
+         [limits]\nclient_write_timeout_ms = 20000\nclient_write_queue = 16\n",
+    )
+    .await;
+    let d = &c.dispatcher;
+    let (mut raw, _) = Raw::open(d.client_addr, &d.client_token).await;
+    raw.expect_query_ok(1, "SELECT 1").await;
+    let before = slots(d).await;
+
+    // ~30 MB of rows: far more than the socket buffers and the client queue hold.
+    const ROWS: u64 = 30_000;
+    raw.send(request(3, &format!("SELECT REPEAT('x', 1000) FROM seq_1_to_{ROWS}")))
+        .await;
+    // Pause reading for three keepalive timeouts; keep our own link alive meanwhile.
+    let pause = Duration::from_millis(2400);
+    let t0 = Instant::now();
+    let mut nonce = 0;
+    while t0.elapsed() < pause {
+        nonce += 1;
+        raw.send(Frame::new(Kind::Ping, 0, &Ping { nonce })).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut rows = 0u64;
+    loop {
+        match raw.next_data(Duration::from_secs(20)).await {
+            Got::Frame(f) if f.stream == 3 && f.kind == Kind::Rows => {
+                rows += f.body::<Rows>().expect("ROWS body").rows.len() as u64;
+            }
+            Got::Frame(f) if f.stream == 3 && f.kind == Kind::Columns => {}
+            Got::Frame(f) if f.stream == 3 && f.kind == Kind::End => break,
+            other => panic!("after the pause: unexpected {other:?} ({rows} rows so far)"),
+        }
+    }
+    println!(
+        "paused client: {rows} rows after a {pause:?} pause, whole stream in {} ms",
+        ms(t0)
+    );
+    assert_eq!(rows, ROWS);
+    assert_eq!(crate::metric(d, "osprey_worker_kills_total").await, 0.0);
+    let after = slots(d).await;
+    let pids = |s: &[crate::SlotInfo]| s.iter().map(|s| s.pid).collect::<Vec<_>>();
+    assert_eq!(pids(&before), pids(&after), "a worker was replaced");
+    raw.expect_query_ok(5, "SELECT 1").await;
 }
