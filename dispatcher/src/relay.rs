@@ -202,10 +202,10 @@ impl Relay {
                             }
                         }
                         Kind::End => {
-                            let Some(cur) = current.take() else { return Err("response frame without a request") };
                             if frame.stream != WORKER_STREAM {
                                 return Err("response frame on the wrong stream");
                             }
+                            let Some(cur) = current.take() else { return Err("response frame without a request") };
                             if self.finish(cur, frame).await? {
                                 return Err(WORKER_FATAL);
                             }
@@ -334,9 +334,11 @@ impl Relay {
     /// request. Ok(true): the worker is exiting (fatal database error).
     async fn finish(&mut self, mut cur: Current, frame: Frame) -> Result<bool, &'static str> {
         let frame = with_queue_time(frame, cur.queue_time);
-        if cur.client_alive {
-            self.forward(&mut cur.guard, frame).await?;
-        }
+        let relayed = if cur.client_alive {
+            self.forward(&mut cur.guard, frame).await.map(drop)
+        } else {
+            Ok(())
+        };
         let ctx = &self.ctx;
         ctx.metrics.latency.observe(cur.received.elapsed().as_secs_f64());
         ctx.metrics.outcome(match (cur.cancel_sent, cur.errored) {
@@ -344,25 +346,34 @@ impl Relay {
             (false, true) => "error",
             (false, false) => "ok",
         });
+        relayed?;
         Ok(cur.fatal)
     }
 
     /// Puts a response frame into the client's write queue. While a slow client
     /// keeps that queue full the worker's frames wait in its socket, so the
     /// link is kept alive meanwhile (PINGs out, the worker's silence not
-    /// counted). Ok(false): the client is gone.
+    /// counted). A frame in hand is always delivered: if the link fails
+    /// meanwhile, that is reported after. Ok(false): the client is gone.
     async fn forward(&mut self, guard: &mut StreamGuard, frame: Frame) -> Result<bool, &'static str> {
         let forward = guard.forward(frame);
         tokio::pin!(forward);
-        loop {
+        let mut link_error = None;
+        let alive = loop {
             tokio::select! {
                 biased;
-                alive = &mut forward => {
-                    self.last_rx = TokioInstant::now();
-                    return Ok(alive);
+                alive = &mut forward => break alive,
+                _ = self.tick.tick(), if link_error.is_none() => {
+                    if let Err(why) = self.ping().await {
+                        link_error = Some(why);
+                    }
                 }
-                _ = self.tick.tick() => self.ping().await?,
             }
+        };
+        self.last_rx = TokioInstant::now();
+        match link_error {
+            Some(why) => Err(why),
+            None => Ok(alive),
         }
     }
 

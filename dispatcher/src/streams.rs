@@ -152,33 +152,33 @@ impl StreamGuard {
             return false;
         }
         let frame = frame.with_stream(self.stream);
-        if frame.kind == Kind::End {
-            // Free the id before END can reach the client (it may reuse the id the moment
-            // it reads END), but only once END has its place in the queue: a draining
-            // connection closes as soon as it has no open stream.
-            self.terminal = Terminal::Closed;
-            let permit = if self.shared.closed.load(Ordering::Relaxed) {
-                None
-            } else {
-                self.shared.out.reserve().await.ok()
-            };
-            self.shared.close_stream(self.stream);
-            return match permit {
-                Some(permit) => {
-                    self.shared.metrics.bytes_to_clients.inc_by(frame.payload.len() as u64);
-                    permit.send(frame);
-                    true
-                }
-                None => false,
-            };
+        // Cancel-safe: the guard's state changes only once the frame has its place
+        // in the queue (after the last await). A caller that gives up mid-way
+        // leaves the guard as it was, and its Drop still closes the loop.
+        if self.shared.closed.load(Ordering::Relaxed) {
+            if frame.kind == Kind::End {
+                self.terminal = Terminal::Closed;
+                self.shared.close_stream(self.stream);
+            }
+            return false;
         }
-        if frame.kind == Kind::Error {
-            self.terminal = Terminal::ErrorSent;
+        let Ok(permit) = self.shared.out.reserve().await else {
+            return false;
+        };
+        match frame.kind {
+            // Free the id before END can reach the client (it may reuse the id the
+            // moment it reads END), but only once END has its place in the queue: a
+            // draining connection closes as soon as it has no open stream.
+            Kind::End => {
+                self.terminal = Terminal::Closed;
+                self.shared.close_stream(self.stream);
+            }
+            Kind::Error => self.terminal = Terminal::ErrorSent,
+            _ => {}
         }
-        !self.shared.closed.load(Ordering::Relaxed) && {
-            self.shared.metrics.bytes_to_clients.inc_by(frame.payload.len() as u64);
-            self.shared.out.send(frame).await.is_ok()
-        }
+        self.shared.metrics.bytes_to_clients.inc_by(frame.payload.len() as u64);
+        permit.send(frame);
+        true
     }
 
     /// Ends the stream with `ERROR` (unless the worker's own ERROR already went out) and `END`.

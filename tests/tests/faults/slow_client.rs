@@ -4,8 +4,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use osprey_protocol::{Frame, Kind, Ping, Rows};
-use osprey_tests::harness::{rss_kib, wait_for};
+use mysql_async::prelude::Queryable;
+use osprey_protocol::{ErrorBody, ErrorCode, Frame, Kind, Ping, Rows};
+use osprey_tests::harness::{process_alive, rss_kib, wait_for};
 
 use crate::raw::{request, Got, Raw};
 use crate::{assert_closed_loop, cluster, describe, ms, serial, slots};
@@ -163,4 +164,89 @@ async fn paused_client_keeps_its_worker() {
     let pids = |s: &[crate::SlotInfo]| s.iter().map(|s| s.pid).collect::<Vec<_>>();
     assert_eq!(pids(&before), pids(&after), "a worker was replaced");
     raw.expect_query_ok(5, "SELECT 1").await;
+}
+
+/// Second review finding (relay rewrite). A worker's ERROR DATABASE_FATAL reaches the
+/// dispatcher while its client's write queue is full (another stream's big result, the
+/// client paused); the worker exits meanwhile, so the relay's PING to it fails. The
+/// ERROR in hand must still reach the client, followed by END: the relay used to drop
+/// it half-sent, and the client saw a bare END — success — for a failed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fatal_error_behind_a_full_client_queue() {
+    let _serial = serial().await;
+    let c = cluster(
+        "[pool]\nsize = 2\n[timeouts]\nkeepalive_interval_ms = 200\nkeepalive_timeout_ms = 800\n\
+         [limits]\nclient_write_timeout_ms = 20000\nclient_write_queue = 16\n",
+    )
+    .await;
+    let d = &c.dispatcher;
+    let mut db = c.sandbox.primary().conn().await.unwrap();
+    let (mut raw, _) = Raw::open(d.client_addr, &d.client_token).await;
+    raw.expect_query_ok(1, "SELECT 1").await;
+
+    raw.send(request(5, "SELECT SLEEP(5)")).await;
+    let sleeper = crate::wait_busy(d, Duration::from_secs(2)).await;
+    const ROWS: u64 = 30_000;
+    raw.send(request(3, &format!("SELECT REPEAT('x', 1000) FROM seq_1_to_{ROWS}")))
+        .await;
+    // The client does not read (but keeps its link alive): wait until the dispatcher
+    // can queue no more for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut nonce = 0;
+    let mut prev = -1.0;
+    loop {
+        nonce += 1;
+        raw.send(Frame::new(Kind::Ping, 0, &Ping { nonce })).await;
+        let now = crate::metric(d, "osprey_bytes_to_clients_total").await;
+        if now > 1e6 && now == prev {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client's queue never filled up ({now} bytes)"
+        );
+        prev = now;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+
+    db.query_drop(format!("KILL {}", sleeper.db_connection_id.unwrap()))
+        .await
+        .unwrap();
+    // Stay paused (answering nothing, PINGing ourselves) until the worker has exited and
+    // a few keepalive intervals passed for the relay.
+    let pid = sleeper.pid.unwrap();
+    let t0 = Instant::now();
+    while process_alive(pid) || t0.elapsed() < Duration::from_millis(800) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the worker did not exit");
+        nonce += 1;
+        raw.send(Frame::new(Kind::Ping, 0, &Ping { nonce })).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let (mut rows, mut error, mut ends) = (0u64, None, 0);
+    while ends < 2 {
+        match raw.next_data(Duration::from_secs(20)).await {
+            Got::Frame(f) if f.stream == 3 && f.kind == Kind::Rows => {
+                rows += f.body::<Rows>().expect("ROWS body").rows.len() as u64;
+            }
+            Got::Frame(f) if f.stream == 3 && f.kind == Kind::Columns => {}
+            Got::Frame(f) if f.kind == Kind::End && (f.stream == 3 || f.stream == 5) => {
+                if f.stream == 5 {
+                    assert!(error.is_some(), "END on the failed stream without its ERROR");
+                }
+                ends += 1;
+            }
+            Got::Frame(f) if f.stream == 5 && f.kind == Kind::Error => {
+                error = Some(f.body::<ErrorBody>().expect("ERROR body"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let error = error.unwrap();
+    println!("fatal behind a full queue: stream 5 got {error:?}; stream 3 {rows} rows");
+    assert_eq!(error.code, ErrorCode::DatabaseFatal, "{error:?}");
+    assert_eq!(rows, ROWS);
+    raw.expect_query_ok(7, "SELECT 1").await;
+    drop(raw);
+    assert_closed_loop(&c, &[], 2).await;
 }
