@@ -225,8 +225,7 @@ impl Pool {
 
     /// The worker of `index` finished a request (`served`) or skipped one; what next.
     pub fn next_job(self: &Arc<Self>, index: u32, generation: u64, served: bool) -> Next {
-        let mut guard = self.lock();
-        let g = &mut *guard;
+        let mut g = self.lock();
         let Some(slot) = g
             .slots
             .get_mut(&index)
@@ -237,53 +236,54 @@ impl Pool {
         if served {
             slot.requests += 1;
         }
-        if slot.quit_pending || slot.retiring || g.shutting_down {
-            slot.state = SlotState::Quitting;
-            slot.quit_pending = false;
-            self.arm_quit_deadline(index, generation);
-            self.publish_states(g);
-            return Next::Quit;
-        }
-        if let Some(job) = g.waiting.pop_front() {
-            self.metrics.queue_depth.set(g.waiting.len() as i64);
-            return Next::Job(job);
-        }
-        slot.state = SlotState::Idle;
-        g.idle.push((index, generation));
-        self.publish_states(g);
-        Next::Idle
+        self.next_for(&mut g, index)
     }
 
-    /// Puts a newly ready worker to use: the oldest waiting job, else the idle
-    /// stack; or, if it should retire, tells it to quit.
+    /// Puts a newly ready worker to use (see [`Pool::next_for`]).
     fn make_available(self: &Arc<Self>, g: &mut Inner, index: u32) {
+        let Some(link) = g.slots.get(&index).and_then(|s| s.link.clone()) else {
+            return;
+        };
+        match self.next_for(g, index) {
+            Next::Quit => link.quit.cancel(),
+            Next::Job(job) => {
+                if let Err(e) = link.jobs.try_send(job) {
+                    // The link is gone already (its loss resets the slot): the job keeps its place.
+                    g.waiting.push_front(e.into_inner());
+                    self.metrics.queue_depth.set(g.waiting.len() as i64);
+                }
+            }
+            Next::Idle | Next::Gone => {}
+        }
+    }
+
+    /// The next step of a ready worker, after registering or after a request:
+    /// retire, the oldest waiting job, or the idle stack. Sets the slot's state.
+    fn next_for(self: &Arc<Self>, g: &mut Inner, index: u32) -> Next {
         let shutting_down = g.shutting_down;
-        let Some(slot) = g.slots.get_mut(&index) else { return };
-        let Some(link) = slot.link.clone() else { return };
-        let generation = slot.generation;
-        if slot.quit_pending || slot.retiring || shutting_down {
+        let Some(slot) = g.slots.get_mut(&index) else {
+            return Next::Gone;
+        };
+        let (generation, before) = (slot.generation, slot.state);
+        let next = if slot.quit_pending || slot.retiring || shutting_down {
             slot.state = SlotState::Quitting;
             slot.quit_pending = false;
             self.arm_quit_deadline(index, generation);
-            link.quit.cancel();
-            return;
+            Next::Quit
+        } else if let Some(job) = g.waiting.pop_front() {
+            slot.state = SlotState::Busy;
+            self.metrics.queue_depth.set(g.waiting.len() as i64);
+            Next::Job(job)
+        } else {
+            slot.state = SlotState::Idle;
+            g.idle.push((index, generation));
+            Next::Idle
+        };
+        // Busy -> busy (the next queued job) is the saturated hot path: no gauges to move.
+        if g.slots.get(&index).is_some_and(|s| s.state != before) {
+            self.publish_states(g);
         }
-        if let Some(job) = g.waiting.pop_front() {
-            match link.jobs.try_send(job) {
-                Ok(()) => {
-                    slot.state = SlotState::Busy;
-                    self.metrics.queue_depth.set(g.waiting.len() as i64);
-                    return;
-                }
-                Err(e) => {
-                    // Gone already: the job keeps its place.
-                    g.waiting.push_front(e.into_inner());
-                    return;
-                }
-            }
-        }
-        slot.state = SlotState::Idle;
-        g.idle.push((index, generation));
+        next
     }
 
     /// Takes a job that is still waiting (the client cancelled it).
@@ -424,7 +424,6 @@ impl Pool {
         slot.db_connection_id = Some(db_connection_id);
         slot.started = Instant::now();
         self.make_available(&mut g, index);
-        self.publish_states(&g);
         true
     }
 
