@@ -121,7 +121,7 @@ async fn stopped_client_is_cut_off() {
 async fn paused_client_keeps_its_worker() {
     let _serial = serial().await;
     let c = cluster(
-        "[pool]\nsize = 2\n[timeouts]\nkeepalive_interval_ms = 200\nkeepalive_timeout_ms = 800\n\
+        "[pool]\nsize = 2\n[timeouts]\nkeepalive_interval_ms = 200\nkeepalive_timeout_ms = 1500\n\
          [limits]\nclient_write_timeout_ms = 20000\nclient_write_queue = 16\n",
     )
     .await;
@@ -134,8 +134,8 @@ async fn paused_client_keeps_its_worker() {
     const ROWS: u64 = 30_000;
     raw.send(request(3, &format!("SELECT REPEAT('x', 1000) FROM seq_1_to_{ROWS}")))
         .await;
-    // Pause reading for three keepalive timeouts; keep our own link alive meanwhile.
-    let pause = Duration::from_millis(2400);
+    // Pause reading for over two keepalive timeouts; keep our own link alive meanwhile.
+    let pause = Duration::from_millis(3500);
     let t0 = Instant::now();
     let mut nonce = 0;
     while t0.elapsed() < pause {
@@ -174,8 +174,11 @@ async fn paused_client_keeps_its_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fatal_error_behind_a_full_client_queue() {
     let _serial = serial().await;
+    // Frequent PINGs (the relay's PING to the exiting worker is what once dropped the
+    // ERROR), but a long keepalive_timeout: this client is silent while it waits on
+    // the admin API, which a loaded machine can make slow.
     let c = cluster(
-        "[pool]\nsize = 2\n[timeouts]\nkeepalive_interval_ms = 200\nkeepalive_timeout_ms = 800\n\
+        "[pool]\nsize = 2\n[timeouts]\nkeepalive_interval_ms = 200\nkeepalive_timeout_ms = 5000\n\
          [limits]\nclient_write_timeout_ms = 20000\nclient_write_queue = 16\n",
     )
     .await;
@@ -216,7 +219,7 @@ async fn fatal_error_behind_a_full_client_queue() {
     // a few keepalive intervals passed for the relay.
     let pid = sleeper.pid.unwrap();
     let t0 = Instant::now();
-    while process_alive(pid) || t0.elapsed() < Duration::from_millis(800) {
+    while process_alive(pid) || t0.elapsed() < Duration::from_millis(1000) {
         assert!(t0.elapsed() < Duration::from_secs(10), "the worker did not exit");
         nonce += 1;
         raw.send(Frame::new(Kind::Ping, 0, &Ping { nonce })).await;
