@@ -134,6 +134,12 @@ impl Executor {
         } else {
             request.batch.iter().any(|st| controls_session(&st.sql))
         };
+        // Statement-level pooling: the next request may come from another client.
+        let leaves_state = if request.batch.is_empty() {
+            touches_session_state(&request.sql)
+        } else {
+            request.batch.iter().any(|st| touches_session_state(&st.sql))
+        };
         if controls_session {
             self.tracker.finish(stream).await;
             out.fail(ErrorBody::undispatched(
@@ -222,9 +228,10 @@ impl Executor {
         } else if !settled {
             Err("a KILL QUERY did not settle in time".to_string())
         } else {
-            reset_session(&mut self.conn, result.is_err())
-                .await
-                .map_err(|e| e.to_string())
+            match reset_session(&mut self.conn, result.is_err()).await {
+                Ok(left_open) if leaves_state => reset_connection(&mut self.conn).await.map(|()| left_open),
+                r => r.map_err(|e| e.to_string()),
+            }
         };
         let result = match (result, cleaned) {
             (Ok(()), Ok(true)) => Err(ExecError::LeftOpen),
@@ -333,8 +340,31 @@ fn controls_session(sql: &str) -> bool {
     })
 }
 
-/// The statements of `sql` split at `;` outside quotes, backticks and comments.
-fn top_level_statements(sql: &str) -> impl Iterator<Item = &str> {
+/// Gives the session back its initial state: variables, temporary tables,
+/// user locks, prepared statements, and the configured database.
+async fn reset_connection(conn: &mut Conn) -> Result<(), String> {
+    let db = conn.opts().db_name().map(|d| d.replace('`', "``"));
+    let reset = match db {
+        Some(_) => conn.reset().await.map_err(|e| e.to_string())?,
+        None => false,
+    };
+    if !reset {
+        // No database to go back to (COM_RESET_CONNECTION keeps the current one),
+        // or a server without it: COM_CHANGE_USER with the same credentials resets
+        // everything, the database included.
+        return conn.change_user(Default::default()).await.map_err(|e| e.to_string());
+    }
+    if let Some(db) = db {
+        conn.query_drop(format!("USE `{db}`"))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// `sql` with everything inside quotes, backticks and comments (delimiters
+/// included) blanked out, so that keywords and `;` found in it are code.
+fn code_mask(sql: &str) -> Vec<u8> {
     #[derive(PartialEq)]
     enum In {
         Code,
@@ -343,26 +373,24 @@ fn top_level_statements(sql: &str) -> impl Iterator<Item = &str> {
         BlockComment,
     }
     let b = sql.as_bytes();
-    let mut cuts = Vec::new();
+    let mut mask = b.to_vec();
     let mut state = In::Code;
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
         let next = b.get(i + 1).copied();
+        let mut code = false;
         match state {
             In::Code => match c {
                 b'\'' | b'"' | b'`' => state = In::Quote(c),
                 b'#' => state = In::LineComment,
                 b'-' if next == Some(b'-') => state = In::LineComment,
-                b'/' if next == Some(b'*') => {
-                    state = In::BlockComment;
-                    i += 1;
-                }
-                b';' => cuts.push(i),
-                _ => {}
+                b'/' if next == Some(b'*') => state = In::BlockComment,
+                _ => code = true,
             },
             In::Quote(q) => {
                 if c == b'\\' && q != b'`' {
+                    mask[i] = b' ';
                     i += 1;
                 } else if c == q {
                     state = In::Code;
@@ -376,18 +404,37 @@ fn top_level_statements(sql: &str) -> impl Iterator<Item = &str> {
             In::BlockComment => {
                 if c == b'*' && next == Some(b'/') {
                     state = In::Code;
+                    mask[i] = b' ';
                     i += 1;
                 }
             }
         }
+        if !code {
+            if let Some(m) = mask.get_mut(i) {
+                *m = b' ';
+            }
+        }
         i += 1;
     }
+    mask
+}
+
+/// The statements of `sql` split at `;` outside quotes, backticks and comments.
+fn top_level_statements(sql: &str) -> impl Iterator<Item = &str> {
+    let cuts: Vec<usize> = code_mask(sql)
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| c == b';')
+        .map(|(i, _)| i)
+        .collect();
     let first_word = |s: &str| s.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
     // A CREATE/ALTER (procedure, trigger, event) carries its body: not run now.
     let whole = first_word(sql);
-    if whole == "create" || whole == "alter" {
-        cuts.clear();
-    }
+    let cuts = if whole == "create" || whole == "alter" {
+        Vec::new()
+    } else {
+        cuts
+    };
     let mut start = 0;
     let mut parts = Vec::with_capacity(cuts.len() + 1);
     for cut in cuts {
@@ -399,6 +446,33 @@ fn top_level_statements(sql: &str) -> impl Iterator<Item = &str> {
         let w = first_word(p);
         !(w == "create" || w == "alter")
     })
+}
+
+/// Whether `sql` may leave session state behind for the next request on this
+/// session: session or user variables (`SET`, `@var`), the current database,
+/// temporary tables, user locks (`GET_LOCK`), SQL-level prepared statements,
+/// open HANDLERs, or a procedure that may do any of these. Errs on the side of
+/// a reset: reading a variable counts too.
+fn touches_session_state(sql: &str) -> bool {
+    let mut mask = code_mask(sql);
+    mask.make_ascii_lowercase();
+    // `@name`, not `@@system_variable`.
+    let user_variable =
+        (0..mask.len()).any(|i| mask[i] == b'@' && mask.get(i + 1) != Some(&b'@') && (i == 0 || mask[i - 1] != b'@'));
+    user_variable
+        || mask.split(|&c| c == b';').any(|statement| {
+            let mut words = statement
+                .split(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+                .filter(|w| !w.is_empty());
+            let first = words.next();
+            matches!(
+                first,
+                Some(b"set" | b"use" | b"prepare" | b"execute" | b"deallocate" | b"call" | b"handler")
+            ) || first
+                .into_iter()
+                .chain(words)
+                .any(|w| w == b"temporary" || w == b"get_lock")
+        })
 }
 
 /// Sums over the statements of a request.
@@ -697,6 +771,50 @@ mod tests {
             "SELECT * FROM commit_log WHERE lock_id = 1",
         ] {
             assert!(!controls_session(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn session_state_statements() {
+        for sql in [
+            "SET @x = 1",
+            "set names utf8mb4",
+            "SET SESSION sql_mode = ''",
+            "set time_zone = '+05:00'",
+            "SELECT @x := 5",
+            "SELECT 1 INTO @v",
+            "SELECT @v",
+            "USE mysql",
+            "CREATE TEMPORARY TABLE t (a INT)",
+            "create or replace temporary table t (a INT)",
+            "DROP TEMPORARY TABLE t",
+            "SELECT GET_LOCK('l', 0)",
+            "select get_lock ( 'l' , 0 )",
+            "PREPARE s FROM 'SELECT 1'",
+            "EXECUTE s",
+            "CALL p()",
+            "SELECT 1; SET @a = 2",
+            "SELECT 1;set @a=2",
+            "  /* hint */ SET @a = 2",
+            "SET STATEMENT max_statement_time=1 FOR SELECT 1",
+            "HANDLER t OPEN",
+        ] {
+            assert!(touches_session_state(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "SELECT 'a@b.example'",
+            "SELECT `odd@name` FROM t",
+            "SELECT @@version, @@session.time_zone",
+            "SELECT 1 -- SET @x = 1",
+            "SELECT 1 # USE mysql",
+            "INSERT INTO t VALUES ('set @x', \"get_lock(1)\")",
+            "UPDATE t SET a = 1 WHERE id = ?",
+            "INSERT INTO t SET a = 1",
+            "SELECT temporary_flag, get_lock_count FROM t",
+            "SELECT * FROM users WHERE email = ?",
+        ] {
+            assert!(!touches_session_state(sql), "{sql}");
         }
     }
 

@@ -805,3 +805,74 @@ async fn session_state_never_leaks_to_the_next_request() {
         "nothing of the failed or left-open transactions was committed"
     );
 }
+
+/// Session state that is not a transaction — user and session variables, the current
+/// database, temporary tables, user locks — does not reach the next request either:
+/// a request that may leave any behind is followed by COM_RESET_CONNECTION.
+#[tokio::test]
+async fn user_session_state_never_leaks_to_the_next_request() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, _) = start_worker(settings(&sandbox)).await;
+    let mut direct = sandbox.primary().conn().await.unwrap();
+    let db = w.ok(1, &Request::sql("SELECT DATABASE()")).await.rows[0][0][0].clone();
+
+    w.ok(2, &Request::sql("SET @x = 42")).await;
+    let r = w.ok(3, &Request::sql("SELECT @x")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Null]], "a user variable leaked");
+
+    w.ok(4, &Request::sql("SET time_zone = '+05:00'")).await;
+    let r = w
+        .ok(5, &Request::sql("SELECT @@session.time_zone = @@global.time_zone"))
+        .await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(1)]], "a session variable leaked");
+
+    w.ok(6, &Request::sql("USE mysql")).await;
+    let r = w.ok(7, &Request::sql("SELECT DATABASE()")).await;
+    assert_eq!(r.rows[0], vec![vec![db]], "the current database leaked");
+
+    w.ok(8, &Request::sql("CREATE TEMPORARY TABLE tmp_leak (a INT)")).await;
+    let e = w
+        .request(9, &Request::sql("SELECT * FROM tmp_leak"))
+        .await
+        .error
+        .expect("a temporary table leaked");
+    assert_eq!(e.errno, Some(1146), "{e:?}");
+
+    w.ok(10, &Request::sql("SELECT GET_LOCK('osprey_leak', 0)")).await;
+    let free: Option<i64> = direct.query_first("SELECT IS_FREE_LOCK('osprey_leak')").await.unwrap();
+    assert_eq!(free, Some(1), "a user lock stayed with the pooled session");
+
+    // In a batch too; and prepared statements work again right after a reset.
+    let batch = Request {
+        batch: vec![
+            Statement {
+                sql: "SET @y = 1".into(),
+                params: vec![],
+            },
+            Statement {
+                sql: "SELECT @y + ?".into(),
+                params: vec![Value::Int(1)],
+            },
+        ],
+        ..Default::default()
+    };
+    w.ok(11, &batch).await;
+    let r = w.ok(12, &with_params("SELECT @y, ? + 1", vec![Value::Int(41)])).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Null, Value::Int(42)]]);
+
+    // Plain requests keep the session (and its statement cache): same connection id.
+    let id = w.ok(13, &Request::sql("SELECT CONNECTION_ID()")).await.rows[0][0][0].clone();
+    let r = w.ok(14, &with_params("SELECT ? * 2", vec![Value::Int(21)])).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(42)]]);
+    let again = w.ok(15, &Request::sql("SELECT CONNECTION_ID()")).await.rows[0][0][0].clone();
+    assert_eq!(id, again);
+
+    // Without a configured database the session goes back to none (COM_CHANGE_USER).
+    let mut no_db = settings(&sandbox);
+    no_db.backend.database = None;
+    let (mut w2, _) = start_worker(no_db).await;
+    w2.ok(1, &Request::sql("USE mysql")).await;
+    w2.ok(2, &Request::sql("SET @z = 1")).await;
+    let r = w2.ok(3, &Request::sql("SELECT DATABASE(), @z")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Null, Value::Null]]);
+}
