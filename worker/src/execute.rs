@@ -229,7 +229,9 @@ impl Executor {
             Err("a KILL QUERY did not settle in time".to_string())
         } else {
             match reset_session(&mut self.conn, result.is_err()).await {
-                Ok(left_open) if leaves_state => reset_connection(&mut self.conn).await.map(|()| left_open),
+                Ok(left_open) if leaves_state => {
+                    reset_connection(&mut self.conn, self.mariadb).await.map(|()| left_open)
+                }
                 r => r.map_err(|e| e.to_string()),
             }
         };
@@ -310,7 +312,7 @@ async fn reset_session(conn: &mut Conn, failed: bool) -> Result<bool, mysql_asyn
 /// PgBouncer's statement mode) they would leave state behind for the next client, or
 /// break a batch's all-or-nothing. `CREATE`/`ALTER` (a routine's body) are not looked into.
 fn controls_session(sql: &str) -> bool {
-    top_level_statements(sql).any(|part| {
+    top_level_statements(&code_text(sql)).any(|part| {
         let mut words = part
             .split(|c: char| c.is_whitespace() || c == '=' || c == '(')
             .filter(|w| !w.is_empty());
@@ -342,8 +344,12 @@ fn controls_session(sql: &str) -> bool {
 
 /// Gives the session back its initial state: variables, temporary tables,
 /// user locks, prepared statements, and the configured database.
-async fn reset_connection(conn: &mut Conn) -> Result<(), String> {
-    let db = conn.opts().db_name().map(|d| d.replace('`', "``"));
+async fn reset_connection(conn: &mut Conn, mariadb: bool) -> Result<(), String> {
+    let db = conn
+        .opts()
+        .db_name()
+        .filter(|d| !d.is_empty())
+        .map(|d| d.replace('`', "``"));
     let reset = match db {
         Some(_) => conn.reset().await.map_err(|e| e.to_string())?,
         None => false,
@@ -354,17 +360,20 @@ async fn reset_connection(conn: &mut Conn) -> Result<(), String> {
         // everything, the database included.
         return conn.change_user(Default::default()).await.map_err(|e| e.to_string());
     }
-    if let Some(db) = db {
-        conn.query_drop(format!("USE `{db}`"))
-            .await
-            .map_err(|e| e.to_string())?;
+    let mut restore = format!("USE `{}`", db.unwrap_or_default());
+    if !mariadb {
+        // MySQL's reset also resets the connection character set to the server's
+        // default (MySQL bug #97633); put back what the driver negotiated.
+        restore.push_str("; SET NAMES utf8mb4 COLLATE utf8mb4_general_ci");
     }
-    Ok(())
+    conn.query_drop(restore).await.map_err(|e| e.to_string())
 }
 
 /// `sql` with everything inside quotes, backticks and comments (delimiters
-/// included) blanked out, so that keywords and `;` found in it are code.
-fn code_mask(sql: &str) -> Vec<u8> {
+/// included) blanked out, so that keywords and `;` found in it are code. The
+/// inside of an executable comment (`/*! … */`, `/*M! … */`) is code: the
+/// server runs it. Assumes the default sql_mode (backslash escapes, `"` strings).
+fn code_text(sql: &str) -> String {
     #[derive(PartialEq)]
     enum In {
         Code,
@@ -375,6 +384,7 @@ fn code_mask(sql: &str) -> Vec<u8> {
     let b = sql.as_bytes();
     let mut mask = b.to_vec();
     let mut state = In::Code;
+    let mut in_executable_comment = false;
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
@@ -384,8 +394,45 @@ fn code_mask(sql: &str) -> Vec<u8> {
             In::Code => match c {
                 b'\'' | b'"' | b'`' => state = In::Quote(c),
                 b'#' => state = In::LineComment,
-                b'-' if next == Some(b'-') => state = In::LineComment,
-                b'/' if next == Some(b'*') => state = In::BlockComment,
+                // `--` starts a comment only before whitespace or a control character.
+                b'-' if next == Some(b'-')
+                    && b.get(i + 2)
+                        .is_none_or(|c| c.is_ascii_whitespace() || c.is_ascii_control()) =>
+                {
+                    state = In::LineComment
+                }
+                b'/' if next == Some(b'*') => {
+                    let rest = &b[i + 2..];
+                    let opener = if rest.starts_with(b"!") {
+                        Some(1)
+                    } else if rest.len() >= 2 && rest[0].eq_ignore_ascii_case(&b'm') && rest[1] == b'!' {
+                        Some(2)
+                    } else {
+                        None
+                    };
+                    match opener {
+                        Some(n) if !in_executable_comment => {
+                            // Blank `/*!` (or `/*M!`) and the version digits; the rest runs.
+                            let digits = rest[n..].iter().take_while(|c| c.is_ascii_digit()).count();
+                            let end = i + 2 + n + digits;
+                            mask[i..end].fill(b' ');
+                            in_executable_comment = true;
+                            i = end;
+                            continue;
+                        }
+                        _ => {
+                            // The `*` belongs to the opening: `/*/` does not close it.
+                            state = In::BlockComment;
+                            mask[i] = b' ';
+                            i += 1;
+                        }
+                    }
+                }
+                b'*' if next == Some(b'/') && in_executable_comment => {
+                    in_executable_comment = false;
+                    mask[i] = b' ';
+                    i += 1;
+                }
                 _ => code = true,
             },
             In::Quote(q) => {
@@ -416,32 +463,22 @@ fn code_mask(sql: &str) -> Vec<u8> {
         }
         i += 1;
     }
-    mask
+    // Only whole characters were blanked (every byte of one inside a quote or a
+    // comment, none in code), so this is still UTF-8.
+    String::from_utf8_lossy(&mask).into_owned()
 }
 
-/// The statements of `sql` split at `;` outside quotes, backticks and comments.
-fn top_level_statements(sql: &str) -> impl Iterator<Item = &str> {
-    let cuts: Vec<usize> = code_mask(sql)
-        .iter()
-        .enumerate()
-        .filter(|(_, &c)| c == b';')
-        .map(|(i, _)| i)
-        .collect();
+/// The code (see [`code_text`]) of each statement of `sql`, split at `;`.
+/// A CREATE/ALTER (procedure, trigger, event) carries its body, which is not
+/// run now: it is one statement, and left out.
+fn top_level_statements(code: &str) -> impl Iterator<Item = &str> {
     let first_word = |s: &str| s.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
-    // A CREATE/ALTER (procedure, trigger, event) carries its body: not run now.
-    let whole = first_word(sql);
-    let cuts = if whole == "create" || whole == "alter" {
-        Vec::new()
+    let whole = first_word(code);
+    let parts: Vec<&str> = if whole == "create" || whole == "alter" {
+        vec![code]
     } else {
-        cuts
+        code.split(';').collect()
     };
-    let mut start = 0;
-    let mut parts = Vec::with_capacity(cuts.len() + 1);
-    for cut in cuts {
-        parts.push(&sql[start..cut]);
-        start = cut + 1;
-    }
-    parts.push(&sql[start..]);
     parts.into_iter().filter(move |p| {
         let w = first_word(p);
         !(w == "create" || w == "alter")
@@ -454,24 +491,31 @@ fn top_level_statements(sql: &str) -> impl Iterator<Item = &str> {
 /// open HANDLERs, or a procedure that may do any of these. Errs on the side of
 /// a reset: reading a variable counts too.
 fn touches_session_state(sql: &str) -> bool {
-    let mut mask = code_mask(sql);
-    mask.make_ascii_lowercase();
+    let code = code_text(sql).to_ascii_lowercase();
+    let c = code.as_bytes();
     // `@name`, not `@@system_variable`.
     let user_variable =
-        (0..mask.len()).any(|i| mask[i] == b'@' && mask.get(i + 1) != Some(&b'@') && (i == 0 || mask[i - 1] != b'@'));
+        (0..c.len()).any(|i| c[i] == b'@' && c.get(i + 1) != Some(&b'@') && (i == 0 || c[i - 1] != b'@'));
     user_variable
-        || mask.split(|&c| c == b';').any(|statement| {
+        || code.split(';').any(|statement| {
             let mut words = statement
-                .split(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .filter(|w| !w.is_empty());
             let first = words.next();
             matches!(
                 first,
-                Some(b"set" | b"use" | b"prepare" | b"execute" | b"deallocate" | b"call" | b"handler")
+                Some(
+                    "set" | "use" | "prepare" | "execute" | "deallocate" | "call" | "handler"
+                    // session locks (LOCK TABLES itself is refused)
+                    | "flush" | "backup" | "lock" | "unlock"
+                    // MariaDB compound statements outside stored programs: their
+                    // inner statements are not at the start of a `;` piece
+                    | "begin" | "if" | "case" | "loop" | "while" | "repeat"
+                )
             ) || first
                 .into_iter()
                 .chain(words)
-                .any(|w| w == b"temporary" || w == b"get_lock")
+                .any(|w| w == "temporary" || w == "get_lock")
         })
 }
 
@@ -751,6 +795,9 @@ mod tests {
             "rollback",
             "SELECT 1; SET autocommit=0",
             "SELECT 1; LOCK TABLES t WRITE",
+            "/*!40000 LOCK TABLES t WRITE */",
+            "/* why */ LOCK TABLES t WRITE",
+            "/*!40000 SET autocommit=0 */",
         ] {
             assert!(controls_session(sql), "{sql}");
         }
@@ -798,6 +845,18 @@ mod tests {
             "  /* hint */ SET @a = 2",
             "SET STATEMENT max_statement_time=1 FOR SELECT 1",
             "HANDLER t OPEN",
+            // mysqldump headers: executable comments run
+            "/*!40101 SET time_zone='+05:00' */",
+            "/*!40014 SET FOREIGN_KEY_CHECKS=0 */;",
+            "/*M!100100 SET sql_mode = '' */",
+            // MariaDB compound statements
+            "IF 1 THEN SET time_zone='+05:00'; END IF",
+            "BEGIN NOT ATOMIC SET SESSION sql_mode=''; END",
+            // session locks
+            "FLUSH TABLES WITH READ LOCK",
+            "BACKUP STAGE START",
+            // `--` without a space is arithmetic, not a comment
+            "SELECT 2--1;SET time_zone='+05:00'",
         ] {
             assert!(touches_session_state(sql), "{sql}");
         }
@@ -808,6 +867,9 @@ mod tests {
             "SELECT @@version, @@session.time_zone",
             "SELECT 1 -- SET @x = 1",
             "SELECT 1 # USE mysql",
+            "SELECT 1 /*/ ; SET @x = 1 */",
+            "SELECT 'it''s; set @x = 1'",
+            "SELECT 'a\\'; set @x = 1'",
             "INSERT INTO t VALUES ('set @x', \"get_lock(1)\")",
             "UPDATE t SET a = 1 WHERE id = ?",
             "INSERT INTO t SET a = 1",

@@ -826,6 +826,13 @@ async fn user_session_state_never_leaks_to_the_next_request() {
         .await;
     assert_eq!(r.rows[0], vec![vec![Value::Int(1)]], "a session variable leaked");
 
+    // A mysqldump header line: the server runs the inside of an executable comment.
+    w.ok(60, &Request::sql("/*!40101 SET time_zone = '+06:00' */")).await;
+    let r = w
+        .ok(61, &Request::sql("SELECT @@session.time_zone = @@global.time_zone"))
+        .await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(1)]], "a versioned-comment SET leaked");
+
     w.ok(6, &Request::sql("USE mysql")).await;
     let r = w.ok(7, &Request::sql("SELECT DATABASE()")).await;
     assert_eq!(r.rows[0], vec![vec![db]], "the current database leaked");
