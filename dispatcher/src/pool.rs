@@ -98,6 +98,15 @@ struct Inner {
     next_generation: u64,
 }
 
+impl Inner {
+    /// Slot `index` if it still holds the link of `generation`.
+    fn linked(&mut self, index: u32, generation: u64) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(&index)
+            .filter(|s| s.generation == generation && s.link.is_some())
+    }
+}
+
 /// Public view of one slot, for the admin API.
 #[derive(Debug, Clone, Serialize)]
 pub struct SlotView {
@@ -226,11 +235,7 @@ impl Pool {
     /// The worker of `index` finished a request (`served`) or skipped one; what next.
     pub fn next_job(self: &Arc<Self>, index: u32, generation: u64, served: bool) -> Next {
         let mut g = self.lock();
-        let Some(slot) = g
-            .slots
-            .get_mut(&index)
-            .filter(|s| s.generation == generation && s.link.is_some())
-        else {
+        let Some(slot) = g.linked(index, generation) else {
             return Next::Gone;
         };
         if served {
@@ -460,11 +465,7 @@ impl Pool {
     pub fn link_lost(self: &Arc<Self>, index: u32, generation: u64, why: &'static str, closed_by_worker: bool) {
         let mut g = self.lock();
         // No link: already handled (killed by `kill`, or never registered).
-        let Some(slot) = g
-            .slots
-            .get_mut(&index)
-            .filter(|s| s.generation == generation && s.link.is_some())
-        else {
+        let Some(slot) = g.linked(index, generation) else {
             return;
         };
         slot.link = None;
@@ -529,11 +530,7 @@ impl Pool {
     /// Kills the process of `index` (request timeout, abandoned request).
     pub fn kill(&self, index: u32, generation: u64, why: &'static str) {
         let mut g = self.lock();
-        if let Some(slot) = g
-            .slots
-            .get_mut(&index)
-            .filter(|s| s.generation == generation && s.link.is_some())
-        {
+        if let Some(slot) = g.linked(index, generation) {
             self.metrics.worker_kills.inc();
             slot.link = None;
             slot.state = SlotState::Starting;
