@@ -100,15 +100,9 @@ pub fn value(kind: ColumnKind, v: mysql_async::Value) -> Value {
         M::Float(f) => Value::Float(f),
         M::Double(d) if kind.column_type == types::FLOAT => Value::Float(d as f32),
         M::Double(d) => Value::Double(d),
-        M::Date(year, month, day, hour, minute, second, micro) => Value::Date {
-            year,
-            month,
-            day,
-            hour,
-            minute,
-            second,
-            micro,
-        },
+        M::Date(year, month, day, hour, minute, second, micro) => {
+            Value::date(year, month, day, hour, minute, second, micro)
+        }
         M::Time(negative, days, hours, minutes, seconds, micros) => Value::Time {
             negative,
             days,
@@ -200,15 +194,7 @@ pub fn parse_datetime(s: &str) -> Option<Value> {
             (u8::try_from(h).ok().filter(|h| *h < 24)?, m, s, us)
         }
     };
-    Some(Value::Date {
-        year,
-        month,
-        day,
-        hour,
-        minute,
-        second,
-        micro,
-    })
+    Some(Value::date(year, month, day, hour, minute, second, micro))
 }
 
 /// `[-]H...H:MM:SS[.ffffff]`, hours may exceed 24 (up to 838).
