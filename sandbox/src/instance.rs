@@ -22,6 +22,8 @@ const RESTART_ATTEMPTS: usize = 5;
 const PROBE_INTERVAL: Duration = Duration::from_millis(20);
 /// Upper bound for one login attempt while waiting for readiness.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long [`Instance::stop`] waits for every thread of the server to be stopped.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Lines of the error log quoted in errors.
 const LOG_TAIL_LINES: usize = 30;
 
@@ -261,8 +263,20 @@ impl Instance {
     }
 
     /// SIGSTOPs the server: it keeps its sockets but answers nothing (a hung server).
+    /// Returns once every thread of it is stopped, so that nothing sent after this call is
+    /// answered until [`Instance::cont`].
+    ///
+    /// # Panics
+    /// When the server does not stop within [`STOP_TIMEOUT`] (a test helper that cannot do
+    /// what it promises must not let the test go on).
     pub fn stop(&self) {
-        self.send(Signal::SIGSTOP);
+        let Some(pid) = self.pid() else { return };
+        tracing::info!(instance = %self.name, pid, "SIGSTOP");
+        assert!(
+            process::stop_and_wait(pid, STOP_TIMEOUT),
+            "{}: mariadbd (pid {pid}) did not stop within {STOP_TIMEOUT:?}",
+            self.name
+        );
     }
 
     /// SIGCONTs a server stopped with [`Instance::stop`].

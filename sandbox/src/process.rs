@@ -18,6 +18,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -76,6 +77,46 @@ fn spawn_with_pdeathsig(mut cmd: Command) -> io::Result<Child> {
         });
     }
     cmd.spawn()
+}
+
+/// Sends SIGSTOP to `pid` and waits until every one of its threads is stopped, up to
+/// `timeout`. `kill(2)` returns once the signal is queued; the process stops only when a
+/// thread of it is scheduled and takes the signal, and the others follow. On a loaded
+/// machine that takes milliseconds, long enough for a server thread that was woken by a
+/// query to answer it: a "hung" server that still serves is a test that proves nothing.
+/// Returns whether the process is fully stopped (false also when it is gone).
+pub(crate) fn stop_and_wait(pid: u32, timeout: Duration) -> bool {
+    signal(pid, Signal::SIGSTOP);
+    let deadline = Instant::now() + timeout;
+    loop {
+        match all_threads_stopped(pid) {
+            Some(true) => return true,
+            None => return false,
+            Some(false) if Instant::now() >= deadline => return false,
+            Some(false) => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+}
+
+/// Whether no thread of `pid` can run: each is stopped (`T`, or `t` under a tracer) or
+/// already dead (`Z`, `X`); `None` when the process is gone.
+fn all_threads_stopped(pid: u32) -> Option<bool> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for task in tasks {
+        let Ok(task) = task else { continue };
+        // A thread that exits between read_dir and here is not running either.
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // The state follows the parenthesised command name, which may itself hold ')'.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if !matches!(state, Some('T' | 't' | 'Z' | 'X')) {
+            return Some(false);
+        }
+    }
+    Some(true)
 }
 
 /// Sends `signal` to `pid`, ignoring a process that is already gone.
