@@ -93,6 +93,10 @@ struct Args {
     /// dispatcher's RSS growth (0 = skip).
     #[arg(long, default_value_t = 0)]
     stream_rows: u64,
+    /// The dispatcher's `[backend] session_reset`: `auto` (reset only after requests that may
+    /// leave session state) or `always` (reset after every request).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "always"])]
+    session_reset: String,
     /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
     #[arg(long, env = "OSPREY_BIN_DIR")]
     bin_dir: Option<PathBuf>,
@@ -162,7 +166,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 dir.display(),
                 args.workers
             );
-            Some(procs::Dispatcher::start(dir, primary, args.workers, max_clients).await?)
+            Some(procs::Dispatcher::start(dir, primary, args.workers, max_clients, &args.session_reset).await?)
         }
         None => None,
     };

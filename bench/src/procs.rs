@@ -101,7 +101,13 @@ const CLIENT_TOKEN: &str = "bench-client-token";
 const ADMIN_TOKEN: &str = "bench-admin-token";
 
 impl Dispatcher {
-    pub async fn start(bin_dir: &Path, backend: &Instance, workers: usize, max_clients: usize) -> anyhow::Result<Self> {
+    pub async fn start(
+        bin_dir: &Path,
+        backend: &Instance,
+        workers: usize,
+        max_clients: usize,
+        session_reset: &str,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("osprey-bench-").tempdir()?;
         let client_addr = free_addr()?;
         let admin_addr = free_addr()?;
@@ -133,6 +139,7 @@ port = {port}
 user = "{user}"
 password = "{password}"
 database = "{db}"
+session_reset = "{session_reset}"
 "#,
             runtime = dir.path().display(),
             queue = (2 * max_clients).max(4096),

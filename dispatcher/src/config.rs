@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use osprey_protocol::SessionReset;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -189,6 +190,9 @@ pub struct Backend {
     pub database: Option<String>,
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
+    /// `auto` (reset after requests whose text may leave session state) or `always`.
+    #[serde(default)]
+    pub session_reset: SessionReset,
 }
 
 fn default_backend_name() -> String {
@@ -264,6 +268,16 @@ mod tests {
     #[test]
     fn unknown_key_is_an_error() {
         assert!(toml::from_str::<Config>("[pool]\nsise = 3\n").is_err());
+    }
+
+    #[test]
+    fn session_reset_is_auto_unless_set() {
+        let base = "[backend]\nhost = \"db\"\nuser = \"app\"\n";
+        let c: Config = toml::from_str(base).unwrap();
+        assert_eq!(c.backend.unwrap().session_reset, SessionReset::Auto);
+        let c: Config = toml::from_str(&format!("{base}session_reset = \"always\"\n")).unwrap();
+        assert_eq!(c.backend.unwrap().session_reset, SessionReset::Always);
+        assert!(toml::from_str::<Config>(&format!("{base}session_reset = \"sometimes\"\n")).is_err());
     }
 
     #[test]

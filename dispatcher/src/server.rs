@@ -53,6 +53,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                 password: p.password().to_string(),
                 database: Some(p.database().to_string()),
                 connect_timeout_ms: 5_000,
+                session_reset: Default::default(),
             };
             info!(url = %p.url(), "sandbox primary ready");
             (b, Some(sandbox))
@@ -96,6 +97,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         batch_rows: config.pool.batch_rows,
         batch_bytes: config.pool.batch_bytes,
         connect_timeout_ms: backend.connect_timeout_ms,
+        session_reset: backend.session_reset,
     };
     let initial = config.initial_pool_size();
     let pool = Pool::new(0, config.pool.queue_capacity, backend.name.clone(), metrics.clone());

@@ -68,6 +68,21 @@ pub struct Backend {
     pub database: Option<String>,
 }
 
+/// When a worker resets its database session between requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionReset {
+    /// After a request whose text may leave session state behind (`SET`, `@var`, `USE`,
+    /// temporary tables, ...); plain requests keep the session and its statement cache.
+    #[default]
+    Auto,
+    /// After every request that ran on the database, whatever its text: what the text
+    /// scan cannot see (a stored function or trigger setting variables, quoting under
+    /// `NO_BACKSLASH_ESCAPES`/`ANSI_QUOTES`) cannot leak either. Costs the reset's round
+    /// trips and the statement cache on every request.
+    Always,
+}
+
 /// Settings the dispatcher hands to a worker in its `HELLO_ACK`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerSettings {
@@ -82,6 +97,9 @@ pub struct WorkerSettings {
     pub batch_bytes: u32,
     /// Timeout for connecting to the database, milliseconds.
     pub connect_timeout_ms: u64,
+    /// When to reset the database session between requests (absent: `auto`).
+    #[serde(default)]
+    pub session_reset: SessionReset,
 }
 
 /// `HELLO_ACK` (stream 0): the dispatcher accepts the connection.

@@ -63,15 +63,19 @@ fn arb_worker_settings() -> impl Strategy<Value = WorkerSettings> {
         any::<u32>(),
         any::<u32>(),
         any::<u64>(),
+        prop_oneof![Just(SessionReset::Auto), Just(SessionReset::Always)],
     )
         .prop_map(
-            |(backend, max_requests, max_age_ms, batch_rows, batch_bytes, connect_timeout_ms)| WorkerSettings {
-                backend,
-                max_requests,
-                max_age_ms,
-                batch_rows,
-                batch_bytes,
-                connect_timeout_ms,
+            |(backend, max_requests, max_age_ms, batch_rows, batch_bytes, connect_timeout_ms, session_reset)| {
+                WorkerSettings {
+                    backend,
+                    max_requests,
+                    max_age_ms,
+                    batch_rows,
+                    batch_bytes,
+                    connect_timeout_ms,
+                    session_reset,
+                }
             },
         )
 }
@@ -429,6 +433,16 @@ fn value_accepts_non_minimal_encodings() {
 }
 
 /// Encodes a struct that has only some of a body's fields, decodes it as the real body.
+/// `Backend` with only its required fields.
+#[derive(Serialize)]
+struct BackendMin {
+    name: &'static str,
+    host: &'static str,
+    port: u16,
+    user: &'static str,
+    password: &'static str,
+}
+
 fn decode_partial<P: Serialize, T: serde::de::DeserializeOwned>(kind: Kind, stream: u32, partial: &P) -> T {
     Frame::new(kind, stream, partial)
         .body::<T>()
@@ -593,14 +607,6 @@ fn optional_fields_may_be_absent() {
     );
     assert_eq!(c.table, "");
 
-    #[derive(Serialize)]
-    struct BackendMin {
-        name: &'static str,
-        host: &'static str,
-        port: u16,
-        user: &'static str,
-        password: &'static str,
-    }
     let b: Backend = decode_partial(
         Kind::HelloAck,
         0,
@@ -656,4 +662,40 @@ fn unknown_fields_are_ignored() {
         },
     );
     assert_eq!(p, Ping { nonce: 9 });
+}
+
+#[test]
+fn session_reset_is_a_lowercase_string_and_defaults_to_auto() {
+    #[derive(Serialize)]
+    struct SettingsMin {
+        backend: BackendMin,
+        max_requests: u64,
+        max_age_ms: u64,
+        batch_rows: u32,
+        batch_bytes: u32,
+        connect_timeout_ms: u64,
+    }
+    let s: WorkerSettings = decode_partial(
+        Kind::HelloAck,
+        0,
+        &SettingsMin {
+            backend: BackendMin {
+                name: "primary",
+                host: "127.0.0.1",
+                port: 3306,
+                user: "app",
+                password: "",
+            },
+            max_requests: 0,
+            max_age_ms: 0,
+            batch_rows: 1,
+            batch_bytes: 1,
+            connect_timeout_ms: 1,
+        },
+    );
+    assert_eq!(s.session_reset, SessionReset::Auto);
+    for (v, wire) in [(SessionReset::Auto, "auto"), (SessionReset::Always, "always")] {
+        let bytes = rmp_serde::to_vec_named(&v).unwrap();
+        assert_eq!(rmp_serde::from_slice::<String>(&bytes).unwrap(), wire);
+    }
 }

@@ -9,7 +9,8 @@ use mysql_async::consts::StatusFlags;
 use mysql_async::prelude::{Protocol, Queryable};
 use mysql_async::{Conn, Params, QueryResult, Row};
 use osprey_protocol::{
-    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, ProtocolError, Request, Rows, Statement, Value,
+    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, ProtocolError, Request, Rows, SessionReset, Statement,
+    Value,
 };
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -66,16 +67,18 @@ pub struct Executor {
     mariadb: bool,
     /// The session was found dead while idle: nothing more can run on it.
     dead: bool,
+    reset: SessionReset,
 }
 
 impl Executor {
-    pub fn new(conn: Conn, tracker: Tracker, limits: BatchLimits, mariadb: bool) -> Executor {
+    pub fn new(conn: Conn, tracker: Tracker, limits: BatchLimits, mariadb: bool, reset: SessionReset) -> Executor {
         Executor {
             conn,
             tracker,
             limits,
             mariadb,
             dead: false,
+            reset,
         }
     }
 
@@ -135,11 +138,12 @@ impl Executor {
             request.batch.iter().any(|st| controls_session(&st.sql))
         };
         // Statement-level pooling: the next request may come from another client.
-        let leaves_state = if request.batch.is_empty() {
-            touches_session_state(&request.sql)
-        } else {
-            request.batch.iter().any(|st| touches_session_state(&st.sql))
-        };
+        let leaves_state = self.reset == SessionReset::Always
+            || if request.batch.is_empty() {
+                touches_session_state(&request.sql)
+            } else {
+                request.batch.iter().any(|st| touches_session_state(&st.sql))
+            };
         if controls_session {
             self.tracker.finish(stream).await;
             out.fail(ErrorBody::undispatched(

@@ -241,7 +241,7 @@ async fn serve(
         bytes: settings.batch_bytes as usize,
         max_payload,
     };
-    let mut exec = Executor::new(conn, tracker, limits, mariadb);
+    let mut exec = Executor::new(conn, tracker, limits, mariadb, settings.session_reset);
     let mut recycler = Recycler::new(settings.max_requests, settings.max_age_ms, started);
     let idle_check = keepalive.max(MIN_IDLE_CHECK);
     let mut last_db_use = Instant::now();

@@ -9,7 +9,7 @@ use futures::{SinkExt, StreamExt};
 use mysql_async::prelude::Queryable;
 use osprey_protocol::{
     Backend, Cancel, Columns, End, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Origin, Ping,
-    QuitNow, QuitRequest, Ready, Request, Role, Rows, Statement, Value, WorkerSettings, PROTOCOL_MAJOR,
+    QuitNow, QuitRequest, Ready, Request, Role, Rows, SessionReset, Statement, Value, WorkerSettings, PROTOCOL_MAJOR,
 };
 use osprey_sandbox::Sandbox;
 use tokio::io::AsyncWriteExt;
@@ -39,6 +39,7 @@ fn settings(sandbox: &Sandbox) -> WorkerSettings {
         batch_rows: 100,
         batch_bytes: 64 * 1024,
         connect_timeout_ms: 5000,
+        session_reset: SessionReset::Auto,
     }
 }
 
@@ -657,6 +658,7 @@ async fn unreachable_database_exits_3() {
         batch_rows: 100,
         batch_bytes: 65536,
         connect_timeout_ms: 2000,
+        session_reset: SessionReset::Auto,
     };
     w.send(Frame::new(Kind::HelloAck, 0, &ack(s))).await;
     let f = w.next().await;
@@ -882,4 +884,55 @@ async fn user_session_state_never_leaks_to_the_next_request() {
     w2.ok(2, &Request::sql("SET @z = 1")).await;
     let r = w2.ok(3, &Request::sql("SELECT DATABASE(), @z")).await;
     assert_eq!(r.rows[0], vec![vec![Value::Null, Value::Null]]);
+}
+
+/// `session_reset = "always"` closes what the text scan cannot see: a stored function that
+/// sets a user variable from inside a plain `SELECT`. With `auto` that variable reaches the
+/// next request (the documented gap, checked so that this test shows the state is real);
+/// with `always` it does not, prepared statements still work and the session stays the same
+/// connection.
+#[tokio::test]
+async fn session_reset_always_clears_state_the_scan_cannot_see() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let mut direct = sandbox.primary().conn().await.unwrap();
+    direct
+        .query_drop(
+            "CREATE FUNCTION sets_a_variable() RETURNS INT DETERMINISTIC NO SQL \
+             BEGIN SET @hidden = 42; RETURN 1; END",
+        )
+        .await
+        .unwrap();
+
+    let (mut auto, _) = start_worker(settings(&sandbox)).await;
+    auto.ok(1, &Request::sql("SELECT sets_a_variable()")).await;
+    let r = auto.ok(2, &Request::sql("SELECT @hidden")).await;
+    assert_eq!(
+        r.rows[0],
+        vec![vec![Value::Int(42)]],
+        "auto: the function's variable is not seen"
+    );
+
+    let mut s = settings(&sandbox);
+    s.session_reset = SessionReset::Always;
+    let (mut always, ready) = start_worker(s).await;
+    always.ok(1, &Request::sql("SELECT sets_a_variable()")).await;
+    let r = always.ok(2, &Request::sql("SELECT @hidden")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Null]], "always: a variable leaked");
+    // Prepared statements are re-prepared after each reset; the database is restored.
+    for (i, n) in (3..6).zip(40..) {
+        let r = always
+            .ok(
+                i,
+                &with_params("SELECT ? + 1, DATABASE(), CONNECTION_ID()", vec![Value::Int(n)]),
+            )
+            .await;
+        assert_eq!(r.rows[0][0][0], Value::Int(n + 1));
+        assert_eq!(r.rows[0][0][1], Value::Text(sandbox.primary().database().into()));
+        let id = u64::from(ready.db_connection_id);
+        assert!(
+            matches!(r.rows[0][0][2], Value::UInt(v) if v == id) || r.rows[0][0][2] == Value::Int(id as i64),
+            "a reset must keep the connection {id}: {:?}",
+            r.rows[0][0]
+        );
+    }
 }

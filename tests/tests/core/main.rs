@@ -8,6 +8,7 @@
 mod big;
 mod faults;
 mod load;
+mod session;
 mod types;
 
 use std::time::Duration;
