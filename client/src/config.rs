@@ -43,8 +43,9 @@ pub struct ClientConfig {
     /// How many times one request may be sent again (after a retryable undispatched
     /// error, or after a lost connection when it is idempotent). Default 3.
     pub max_retries: u32,
-    /// Frames buffered per stream between the connection task and the reader of that
-    /// stream. Default 16. See the crate docs on backpressure.
+    /// Data frames buffered per stream between the connection task and the reader of
+    /// that stream; also the flow-control window asked of the dispatcher. Default 16.
+    /// See the crate docs on backpressure.
     pub stream_buffer: usize,
     /// Requests that may wait locally for a free stream (beyond the dispatcher's
     /// `max_streams`) before new ones fail with `QUEUE_FULL`. Default 10 000.

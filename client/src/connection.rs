@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use osprey_protocol::{
-    Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Ping, Role, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Ping, Role, Window, PROTOCOL_MAJOR,
+    PROTOCOL_MINOR,
 };
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -57,9 +58,24 @@ pub(crate) enum Status {
 }
 
 pub(crate) enum Cmd {
-    Open { id: u32, seq: u64, frame: Frame },
-    Cancel { id: u32, seq: u64 },
-    Pong { nonce: u64 },
+    Open {
+        id: u32,
+        seq: u64,
+        frame: Frame,
+    },
+    Cancel {
+        id: u32,
+        seq: u64,
+    },
+    /// Flow-control credit for data frames the stream's reader has taken.
+    Window {
+        id: u32,
+        seq: u64,
+        increment: u32,
+    },
+    Pong {
+        nonce: u64,
+    },
 }
 
 struct Entry {
@@ -81,6 +97,8 @@ pub(crate) struct ConnShared {
     pub addr: String,
     pub connection_id: u64,
     pub max_payload: usize,
+    /// Per-stream flow-control window the dispatcher agreed to (data frames); 0 = off.
+    window: u32,
     table: Mutex<Table>,
     status: watch::Sender<Status>,
     sem: Arc<Semaphore>,
@@ -99,13 +117,35 @@ pub(crate) struct StreamGuard {
     conn: ConnHandle,
     pub id: u32,
     seq: u64,
-    pub rx: mpsc::Receiver<Frame>,
+    rx: mpsc::Receiver<Frame>,
     written: Arc<AtomicBool>,
     /// Set once `END` (or `ERROR`) was received, or the connection died: no `CANCEL` on drop.
     pub finished: bool,
+    /// Data frames taken from `rx` and not yet given back to the dispatcher as credit.
+    consumed: u32,
 }
 
 impl StreamGuard {
+    /// The stream's next frame; `None` when the connection died or refused the stream.
+    /// With flow control on, the data frames taken are given back to the dispatcher as
+    /// credit, half a window at a time. Cancel-safe (it awaits only the channel).
+    pub async fn recv(&mut self) -> Option<Frame> {
+        let frame = self.rx.recv().await?;
+        let window = self.conn.shared.window;
+        if window > 0 && matches!(frame.kind, Kind::Columns | Kind::Rows) {
+            self.consumed += 1;
+            if self.consumed >= (window / 2).max(1) {
+                let cmd = Cmd::Window {
+                    id: self.id,
+                    seq: self.seq,
+                    increment: std::mem::take(&mut self.consumed),
+                };
+                self.conn.send_later(cmd);
+            }
+        }
+        Some(frame)
+    }
+
     /// Whether the `REQUEST` frame was handed to the socket.
     pub fn written(&self) -> bool {
         self.written.load(Ordering::SeqCst)
@@ -139,18 +179,10 @@ impl Drop for StreamGuard {
         };
         if send_cancel {
             debug!(stream = self.id, conn = shared.connection_id, "cancelling stream");
-            let cmd = Cmd::Cancel {
+            self.conn.send_later(Cmd::Cancel {
                 id: self.id,
                 seq: self.seq,
-            };
-            if let Err(mpsc::error::TrySendError::Full(cmd)) = self.conn.cmd.try_send(cmd) {
-                let tx = self.conn.cmd.clone();
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move {
-                        let _ = tx.send(cmd).await;
-                    });
-                }
-            }
+            });
         }
     }
 }
@@ -209,6 +241,16 @@ impl ConnShared {
     fn prepare(&self, cmd: Cmd) -> Option<Frame> {
         match cmd {
             Cmd::Pong { nonce } => Some(Frame::new(Kind::Pong, 0, &Ping { nonce })),
+            Cmd::Window { id, seq, increment } => {
+                let t = self.table.lock().unwrap();
+                match t.map.get(&id) {
+                    Some(e) if e.seq == seq && e.tx.is_some() => {
+                        Some(Frame::new(Kind::Window, id, &Window { increment }))
+                    }
+                    // Ended or cancelled meanwhile: no more data is wanted or coming.
+                    _ => None,
+                }
+            }
             Cmd::Cancel { id, seq } => {
                 let t = self.table.lock().unwrap();
                 match t.map.get(&id) {
@@ -257,6 +299,19 @@ enum Flow {
 }
 
 impl ConnHandle {
+    /// Queues a command for the writer without waiting: at once when the channel has
+    /// room (it is sized for every stream's commands), else from a task.
+    fn send_later(&self, cmd: Cmd) {
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.cmd.try_send(cmd) {
+            let tx = self.cmd.clone();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = tx.send(cmd).await;
+                });
+            }
+        }
+    }
+
     /// Whether new streams may be opened here.
     pub fn usable(&self) -> bool {
         self.shared.status() == Status::Up
@@ -266,7 +321,14 @@ impl ConnHandle {
     /// queues the `REQUEST` frame built by `build` for the writer.
     pub async fn open(&self, buffer: usize, build: impl FnOnce(u32) -> Frame) -> Result<StreamGuard, Unavailable> {
         let permit = self.shared.sem.clone().acquire_owned().await.map_err(|_| Unavailable)?;
-        let (tx, rx) = mpsc::channel(buffer.max(1));
+        // With flow control the dispatcher sends at most `window` data frames ahead of
+        // the reader, plus ERROR and END: the channel never fills, and the connection
+        // never has to stop reading for one stream.
+        let capacity = match self.shared.window {
+            0 => buffer.max(1),
+            w => w as usize + 2,
+        };
+        let (tx, rx) = mpsc::channel(capacity);
         let written = Arc::new(AtomicBool::new(false));
         let (id, seq) = {
             let mut t = self.shared.table.lock().unwrap();
@@ -299,6 +361,7 @@ impl ConnHandle {
             rx,
             written,
             finished: false,
+            consumed: 0,
         };
         let frame = build(id);
         self.cmd
@@ -328,6 +391,7 @@ pub(crate) async fn connect(addr: &str, cfg: &ClientConfig, stats: Arc<Stats>) -
             slot: None,
             pid: Some(std::process::id()),
             name: Some(cfg.name.clone()),
+            stream_window: Some(cfg.stream_buffer.clamp(1, u32::MAX as usize) as u32),
         };
         writer
             .send(Frame::new(Kind::Hello, 0, &hello))
@@ -395,14 +459,23 @@ pub(crate) async fn connect(addr: &str, cfg: &ClientConfig, stats: Arc<Stats>) -
         addr: addr.to_owned(),
         connection_id: ack.connection_id,
         max_payload,
+        window: ack.stream_window,
         table: Mutex::new(Table::default()),
         status,
         sem: Arc::new(Semaphore::new(max_streams as usize)),
         stats,
     });
-    info!(conn = ack.connection_id, addr, server = %ack.server, max_streams, max_payload, "connected");
-    // Room for every stream's Open and Cancel plus control frames.
-    let (cmd_tx, cmd_rx) = mpsc::channel(2 * (max_streams as usize).min(4096) + 64);
+    info!(
+        conn = ack.connection_id,
+        addr,
+        server = %ack.server,
+        max_streams,
+        max_payload,
+        stream_window = ack.stream_window,
+        "connected"
+    );
+    // Room for every stream's Open, WINDOW and Cancel plus control frames.
+    let (cmd_tx, cmd_rx) = mpsc::channel(3 * (max_streams as usize).min(4096) + 64);
     let span = tracing::info_span!("osprey_conn", conn = ack.connection_id, addr);
     tokio::spawn(writer_task(shared.clone(), writer, cmd_rx, ping_every).instrument(span.clone()));
     tokio::spawn(reader_task(shared.clone(), reader, cmd_tx.downgrade(), cfg.keepalive_timeout).instrument(span));

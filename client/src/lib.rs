@@ -36,13 +36,20 @@
 //!
 //! # Backpressure
 //!
-//! The protocol has no per-stream flow control, so the bound is this: each stream
-//! buffers at most [`ClientConfig::stream_buffer`] frames (default 16; a `ROWS` frame
-//! holds at most the dispatcher's batch size) between the connection and its reader.
-//! A slow reader slows only its own stream until that buffer is full; then the
-//! connection stops reading the socket until the reader makes room, which (through
-//! TCP) pauses the whole connection. Keepalive-timeout detection is suspended while
-//! the connection is paused that way. Read streams promptly, or drop them.
+//! Per-stream flow control (protocol 1.1): the SDK asks for a window of
+//! [`ClientConfig::stream_buffer`] data frames per stream (default 16; a `ROWS` frame
+//! holds at most the dispatcher's batch size). The dispatcher sends a stream no more
+//! data frames than its reader has room for, and the SDK gives credit back (`WINDOW`)
+//! as the reader takes them. So a slow reader slows only its own stream: the other
+//! streams of the connection go on. A stream left unread for the dispatcher's
+//! `client_write_timeout` (30 s by default) ends with `SLOW_CONSUMER` and its
+//! statement is killed, so it cannot pin a worker.
+//!
+//! Against a dispatcher without flow control (protocol 1.0) the bound is this: each
+//! stream buffers at most `stream_buffer` frames; when a reader leaves that full, the
+//! connection stops reading the socket until it makes room, which (through TCP) pauses
+//! the whole connection. Keepalive-timeout detection is suspended while the connection
+//! is paused that way.
 //!
 //! # Keepalive
 //!

@@ -239,7 +239,7 @@ impl Call {
                 self.stream = Some(s);
             }
             let s = self.stream.as_mut().expect("stream is open");
-            let Some(frame) = s.rx.recv().await else {
+            let Some(frame) = s.recv().await else {
                 // The connection died, or refused the stream after GOAWAY.
                 s.finished = true;
                 let (id, written) = (s.id, s.written());

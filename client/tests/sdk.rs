@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use osprey_client::{params, Client, ErrorCode, Origin, Request, RequestExt, StreamItem};
-use osprey_protocol::{Cancel, End, Frame, Kind, Ping, Role, Value, PROTOCOL_MAJOR};
+use osprey_protocol::{Cancel, End, Frame, Kind, Ping, Role, Value, Window, PROTOCOL_MAJOR};
 use support::*;
 
 fn assert_balanced(client: &Client) {
@@ -635,5 +635,57 @@ async fn goaway_releases_requests_waiting_for_a_stream_slot() {
     assert_eq!(within("second", second).await.unwrap().unwrap(), vec![(2,)]);
     old.answer(s_old, "1", vec![vec![Value::Int(1)]]).await;
     assert_eq!(within("first", first).await.unwrap().unwrap(), vec![(1,)]);
+    assert_balanced(&client);
+}
+
+/// Flow control on (the dispatcher agreed to a window of 4): the SDK asks for its
+/// `stream_buffer` as the window in HELLO, and gives credit back with WINDOW as its reader
+/// takes data frames, half a window at a time — not before they are read.
+#[tokio::test]
+async fn flow_control_credit_follows_the_reader() {
+    let mut server = FakeServer::start(Settings {
+        stream_window: 4,
+        ..Settings::default()
+    })
+    .await;
+    let mut cfg = config(&[&server.addr]);
+    cfg.stream_buffer = 8;
+    let client = Client::connect(cfg).await.unwrap();
+    let mut conn = server.accept().await;
+    assert_eq!(conn.hello.as_ref().unwrap().stream_window, Some(8));
+    let mut rows = client.stream(Request::sql("SELECT n FROM big"));
+    let first = async { rows.next().await };
+    let server_side = async {
+        let (s, _) = conn.request().await;
+        // The whole window: COLUMNS + 3 ROWS.
+        conn.columns(s, &["n"]).await;
+        for n in 0..3 {
+            conn.rows(s, vec![vec![Value::Int(n)]]).await;
+        }
+        s
+    };
+    let (item, s) = tokio::join!(first, server_side);
+    assert!(matches!(item, Some(Ok(StreamItem::ResultSet(_)))));
+    // One data frame read: no credit yet (half a window is 2).
+    assert!(conn.try_recv_for(Duration::from_millis(200)).await.is_none());
+    // The second frame read (row 0) completes half a window: WINDOW +2.
+    assert_eq!(rows.next_row().await.unwrap().unwrap().get::<i64>(0).unwrap(), 0);
+    let f = conn.recv().await.expect("WINDOW");
+    assert_eq!((f.kind, f.stream), (Kind::Window, s));
+    assert_eq!(f.body::<Window>().unwrap().increment, 2);
+    for n in 1..3 {
+        assert_eq!(rows.next_row().await.unwrap().unwrap().get::<i64>(0).unwrap(), n);
+    }
+    let f = conn.recv().await.expect("WINDOW");
+    assert_eq!(f.body::<Window>().unwrap().increment, 2);
+    conn.end(
+        s,
+        End {
+            rows: 3,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(rows.next_row().await.is_none());
     assert_balanced(&client);
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::{SinkExt, StreamExt};
 use osprey_protocol::{
     ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError, Request, Role,
-    PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -30,6 +30,11 @@ type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
 /// Largest frame accepted before the client has authenticated.
 const HANDSHAKE_MAX_PAYLOAD: usize = 64 * 1024;
 
+/// Largest per-stream flow-control window granted (data frames); a client asking for more
+/// gets this. The dispatcher buffers nothing per stream: the window bounds what the
+/// client must be ready to hold.
+const MAX_STREAM_WINDOW: u32 = 65_536;
+
 /// While draining, how often a connection checks whether its last stream ended.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 /// While draining, an idle connection is closed by us only after this long
@@ -48,10 +53,10 @@ pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, _permit: OwnedSemaphorePerm
         let mut reader = FramedRead::new(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD));
         let mut writer = FramedWrite::new(wr, FrameCodec::new(ctx.config.limits.max_payload));
         match handshake(&ctx, id, &mut reader, &mut writer).await {
-            Ok(name) => {
-                debug!(?name, "client connected");
+            Ok((name, window)) => {
+                debug!(?name, window, "client connected");
                 reader.decoder_mut().set_max_payload(ctx.config.limits.max_payload);
-                run(&ctx, id, reader, writer).await;
+                run(&ctx, id, window, reader, writer).await;
             }
             Err(body) => {
                 info!("client refused: {}", body.message);
@@ -72,7 +77,13 @@ fn protocol_error(e: &ProtocolError) -> ErrorBody {
     conn_error(e.code(), e.to_string())
 }
 
-async fn handshake(ctx: &Ctx, id: u64, reader: &mut Reader, writer: &mut Writer) -> Result<Option<String>, ErrorBody> {
+/// Ok: the client's name and the per-stream window agreed (0 = no flow control).
+async fn handshake(
+    ctx: &Ctx,
+    id: u64,
+    reader: &mut Reader,
+    writer: &mut Writer,
+) -> Result<(Option<String>, u32), ErrorBody> {
     let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
     let frame = match timeout(limit, reader.next()).await {
         Err(_) => {
@@ -108,6 +119,7 @@ async fn handshake(ctx: &Ctx, id: u64, reader: &mut Reader, writer: &mut Writer)
     if !ctx.client_token_ok(hello.token.as_deref()) {
         return Err(conn_error(ErrorCode::AuthFailed, "invalid client token"));
     }
+    let window = hello.stream_window.unwrap_or(0).min(MAX_STREAM_WINDOW);
     let ack = HelloAck {
         version_major: PROTOCOL_MAJOR,
         version_minor: PROTOCOL_MINOR,
@@ -117,23 +129,25 @@ async fn handshake(ctx: &Ctx, id: u64, reader: &mut Reader, writer: &mut Writer)
         max_streams: ctx.config.limits.max_streams_per_connection,
         keepalive_interval_ms: ctx.config.timeouts.keepalive_interval_ms,
         worker: None,
+        stream_window: window,
     };
     writer
         .send(Frame::new(Kind::HelloAck, 0, &ack))
         .await
         .map_err(|e| protocol_error(&e))?;
-    Ok(hello.name)
+    Ok((hello.name, window))
 }
 
-async fn run(ctx: &Arc<Ctx>, id: u64, mut reader: Reader, writer: Writer) {
+async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: Writer) {
     let (out_tx, out_rx) = mpsc::channel(ctx.config.limits.client_write_queue);
     let write_failed = CancellationToken::new();
-    let write_timeout = Duration::from_millis(ctx.config.limits.client_write_timeout_ms);
+    let write_timeout = ctx.client_write_timeout();
     let writer_task = tokio::spawn(write_loop(writer, out_rx, write_timeout, write_failed.clone()));
     let shared = ClientShared::new(
         id,
         out_tx,
         ctx.config.limits.max_streams_per_connection as usize,
+        window,
         ctx.metrics.clone(),
     );
 
@@ -231,6 +245,20 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
                     .await;
                 }
             }
+            Ok(())
+        }
+        Kind::Window => {
+            if !shared.flow_control() {
+                return Err(conn_error(
+                    ErrorCode::ProtocolViolation,
+                    "WINDOW on a connection without flow control (no stream_window in HELLO)",
+                ));
+            }
+            let w: Window = frame.body().map_err(|e| protocol_error(&e))?;
+            if w.increment == 0 {
+                return Err(conn_error(ErrorCode::ProtocolViolation, "WINDOW with increment 0"));
+            }
+            shared.grant(frame.stream, w.increment);
             Ok(())
         }
         Kind::Ping => {

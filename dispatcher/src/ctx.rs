@@ -74,6 +74,10 @@ impl Ctx {
         Duration::from_millis(self.config.timeouts.keepalive_timeout_ms)
     }
 
+    pub fn client_write_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.limits.client_write_timeout_ms)
+    }
+
     pub fn client_token_ok(&self, token: Option<&str>) -> bool {
         let Some(token) = token else { return false };
         // Check every token, without an early exit, so timing does not tell which matched.

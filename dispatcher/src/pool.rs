@@ -212,6 +212,9 @@ impl Pool {
         Ok(())
     }
 
+    // The Err hands the job back to be queued: boxing it would cost an allocation for
+    // every request that waits for a worker, to shorten a move.
+    #[allow(clippy::result_large_err)]
     fn to_idle_worker(&self, g: &mut Inner, mut job: Job) -> Result<(), Job> {
         while let Some((index, generation)) = g.idle.pop() {
             let Some(slot) = g.slots.get_mut(&index) else { continue };

@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
@@ -48,6 +49,32 @@ struct Current {
     errored: bool,
     /// The worker answered DATABASE_FATAL: it exits after this request.
     fatal: bool,
+    /// The client took none of this stream's data for client_write_timeout: it got
+    /// ERROR SLOW_CONSUMER from us; the worker's further frames but END are dropped.
+    stalled: bool,
+}
+
+/// How handing a data frame to the client ended.
+enum Data {
+    Sent,
+    /// The client connection is gone.
+    ClientGone,
+    /// Given up (the frame is dropped; the stream cannot succeed any more): the
+    /// request's deadline passed, the dispatcher is aborting, the client cancelled the
+    /// stream, or it stalled.
+    GaveUp {
+        stalled: bool,
+    },
+}
+
+impl Data {
+    fn delivered(alive: bool) -> Data {
+        if alive {
+            Data::Sent
+        } else {
+            Data::ClientGone
+        }
+    }
 }
 
 pub struct Relay {
@@ -183,18 +210,26 @@ impl Relay {
                     };
                     self.last_rx = TokioInstant::now();
                     match frame.kind {
-                        Kind::Columns | Kind::Rows | Kind::Error => {
+                        Kind::Columns | Kind::Rows => {
                             let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
                             if frame.stream != WORKER_STREAM {
                                 return Err("response frame on the wrong stream");
                             }
-                            if frame.kind == Kind::Error {
-                                cur.errored = true;
-                                cur.fatal |= frame
-                                    .body::<ErrorBody>()
-                                    .is_ok_and(|e| e.code == ErrorCode::DatabaseFatal);
+                            // After a CANCEL nobody wants the data: only ERROR and END go on.
+                            if cur.client_alive && !cur.cancel_sent {
+                                self.forward_data(cur, frame).await?;
                             }
-                            if cur.client_alive && !self.forward(&mut cur.guard, frame).await? {
+                        }
+                        Kind::Error => {
+                            let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
+                            if frame.stream != WORKER_STREAM {
+                                return Err("response frame on the wrong stream");
+                            }
+                            cur.errored = true;
+                            cur.fatal |= frame
+                                .body::<ErrorBody>()
+                                .is_ok_and(|e| e.code == ErrorCode::DatabaseFatal);
+                            if cur.client_alive && !cur.stalled && !self.forward(&mut cur.guard, frame).await? {
                                 // The client is gone: stop the statement, keep draining to END.
                                 cur.client_alive = false;
                                 self.send_cancel(cur).await?;
@@ -305,6 +340,7 @@ impl Relay {
             client_alive: true,
             errored: false,
             fatal: false,
+            stalled: false,
         });
         Ok(true)
     }
@@ -340,10 +376,11 @@ impl Relay {
         };
         let ctx = &self.ctx;
         ctx.metrics.latency.observe(cur.received.elapsed().as_secs_f64());
-        ctx.metrics.outcome(match (cur.cancel_sent, cur.errored) {
-            (true, _) => "cancelled",
-            (false, true) => "error",
-            (false, false) => "ok",
+        ctx.metrics.outcome(match (cur.stalled, cur.cancel_sent, cur.errored) {
+            (true, _, _) => "slow_consumer",
+            (false, true, _) => "cancelled",
+            (false, false, true) => "error",
+            (false, false, false) => "ok",
         });
         relayed?;
         Ok(cur.fatal)
@@ -374,6 +411,87 @@ impl Relay {
             Some(why) => Err(why),
             None => Ok(alive),
         }
+    }
+
+    /// Hands a COLUMNS/ROWS frame to the client, waiting for the stream's credit and
+    /// room in the client's queue. Unlike ERROR and END, a data frame may be given up:
+    /// while it waits, the request's deadline, a CANCEL, the dispatcher's abort and
+    /// the stall limit (client_write_timeout) still count, so a stream its reader does
+    /// not read cannot pin the worker.
+    async fn forward_data(&mut self, cur: &mut Current, frame: Frame) -> Result<(), &'static str> {
+        let ctx = self.ctx.clone();
+        let (deadline, cancel) = (cur.deadline, cur.cancel.clone());
+        let mut link_error = None;
+        let data = {
+            let forward = cur.guard.forward(frame);
+            tokio::pin!(forward);
+            // The usual case: credit and room at once. Only a frame that has to wait
+            // arms the timers (two timer-wheel entries per frame otherwise).
+            match futures::poll!(&mut forward) {
+                Poll::Ready(alive) => Data::delivered(alive),
+                Poll::Pending => {
+                    let expired = sleep_until(deadline);
+                    let stalled = sleep_until(TokioInstant::now() + ctx.client_write_timeout());
+                    tokio::pin!(expired, stalled);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            alive = &mut forward => break Data::delivered(alive),
+                            _ = &mut expired => break Data::GaveUp { stalled: false },
+                            _ = ctx.abort.cancelled() => break Data::GaveUp { stalled: false },
+                            _ = cancel.cancelled() => break Data::GaveUp { stalled: false },
+                            _ = &mut stalled => break Data::GaveUp { stalled: true },
+                            _ = self.tick.tick(), if link_error.is_none() => {
+                                if let Err(why) = self.ping().await {
+                                    link_error = Some(why);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        self.last_rx = TokioInstant::now();
+        if let Some(why) = link_error {
+            return Err(why);
+        }
+        match data {
+            Data::Sent => {}
+            Data::ClientGone => {
+                // The client is gone: stop the statement, keep draining to END.
+                cur.client_alive = false;
+                self.send_cancel(cur).await?;
+            }
+            // Deadline and abort: the loop's timers act next. A CANCEL: the loop
+            // would send it too, but nothing of this stream is wanted any more.
+            Data::GaveUp { stalled: false } => {
+                if cancel.is_cancelled() {
+                    self.send_cancel(cur).await?;
+                }
+            }
+            Data::GaveUp { stalled: true } => {
+                warn!(
+                    slot = self.slot,
+                    conn = cur.guard.shared().id,
+                    stream = cur.guard.stream(),
+                    "stream not read for client_write_timeout; cancelling it"
+                );
+                cur.stalled = true;
+                let body = ErrorBody {
+                    dispatched: true,
+                    ..ErrorBody::undispatched(
+                        Origin::Dispatcher,
+                        ErrorCode::SlowConsumer,
+                        "the stream's reader took none of its data for client_write_timeout; the request was cancelled",
+                    )
+                };
+                if !self.forward(&mut cur.guard, Frame::new(Kind::Error, 0, &body)).await? {
+                    cur.client_alive = false;
+                }
+                self.send_cancel(cur).await?;
+            }
+        }
+        Ok(())
     }
 
     async fn ping(&mut self) -> Result<(), &'static str> {

@@ -11,18 +11,31 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, Kind, Origin};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+
+/// Most credit a stream can hold: a client granting more is capped here (a compliant one
+/// never holds more than its window).
+const MAX_CREDIT: usize = 1 << 24;
+
+/// One open stream in the connection's table.
+struct Entry {
+    cancel: CancellationToken,
+    /// Data frames the client lets us send on it (flow control on), as permits.
+    credit: Option<Arc<Semaphore>>,
+}
 
 /// State shared by a client connection's reader, writer and request tasks.
 pub struct ClientShared {
     pub id: u64,
     /// Frames to the client, written by the connection's writer task (bounded: backpressure).
     pub out: mpsc::Sender<Frame>,
-    streams: Mutex<HashMap<u32, CancellationToken>>,
+    streams: Mutex<HashMap<u32, Entry>>,
     max_streams: usize,
+    /// Per-stream flow-control window agreed in the handshake, in data frames; 0 = off.
+    window: u32,
     /// Set when the connection is gone: request tasks stop relaying to it.
     pub closed: AtomicBool,
     metrics: Arc<Metrics>,
@@ -35,18 +48,25 @@ pub enum OpenError {
 }
 
 impl ClientShared {
-    pub fn new(id: u64, out: mpsc::Sender<Frame>, max_streams: usize, metrics: Arc<Metrics>) -> Arc<ClientShared> {
+    pub fn new(
+        id: u64,
+        out: mpsc::Sender<Frame>,
+        max_streams: usize,
+        window: u32,
+        metrics: Arc<Metrics>,
+    ) -> Arc<ClientShared> {
         Arc::new(ClientShared {
             id,
             out,
             streams: Mutex::new(HashMap::new()),
             max_streams,
+            window,
             closed: AtomicBool::new(false),
             metrics,
         })
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u32, CancellationToken>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Entry>> {
         self.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -60,7 +80,14 @@ impl ClientShared {
             return Err(OpenError::TooMany);
         }
         let token = CancellationToken::new();
-        table.insert(stream, token.clone());
+        let credit = (self.window > 0).then(|| Arc::new(Semaphore::new(self.window as usize)));
+        table.insert(
+            stream,
+            Entry {
+                cancel: token.clone(),
+                credit: credit.clone(),
+            },
+        );
         self.metrics.streams_opened.inc();
         self.metrics.streams_open.inc();
         let guard = StreamGuard {
@@ -68,6 +95,7 @@ impl ClientShared {
             stream,
             terminal: Terminal::Open,
             dispatched: false,
+            credit,
         };
         Ok((guard, token))
     }
@@ -76,18 +104,32 @@ impl ClientShared {
     /// stream may have ended while the CANCEL was on its way.
     pub fn cancel(&self, stream: u32) -> bool {
         match self.table().get(&stream) {
-            Some(token) => {
-                token.cancel();
+            Some(e) => {
+                e.cancel.cancel();
                 true
             }
             None => false,
         }
     }
 
+    /// Whether this connection uses per-stream flow control.
+    pub fn flow_control(&self) -> bool {
+        self.window > 0
+    }
+
+    /// Client WINDOW: `increment` more data frames may go out on `stream`. Unknown
+    /// streams are ignored: the WINDOW may have crossed the stream's END.
+    pub fn grant(&self, stream: u32, increment: u32) {
+        if let Some(credit) = self.table().get(&stream).and_then(|e| e.credit.as_ref()) {
+            let room = MAX_CREDIT.saturating_sub(credit.available_permits());
+            credit.add_permits((increment as usize).min(room));
+        }
+    }
+
     /// Cancels every open stream (connection lost or cut off).
     pub fn cancel_all(&self) {
-        for token in self.table().values() {
-            token.cancel();
+        for e in self.table().values() {
+            e.cancel.cancel();
         }
     }
 
@@ -126,6 +168,8 @@ pub struct StreamGuard {
     stream: u32,
     terminal: Terminal,
     dispatched: bool,
+    /// The stream's flow-control credit (None: flow control off).
+    credit: Option<Arc<Semaphore>>,
 }
 
 impl StreamGuard {
@@ -147,6 +191,8 @@ impl StreamGuard {
     }
 
     /// Sends a frame of this stream to the client. Returns false when the client is gone.
+    /// A data frame (`COLUMNS`, `ROWS`) first waits for the stream's credit when flow
+    /// control is on; `ERROR` and `END` never do.
     pub async fn forward(&mut self, frame: Frame) -> bool {
         if self.terminal == Terminal::Closed {
             return false;
@@ -162,9 +208,20 @@ impl StreamGuard {
             }
             return false;
         }
+        let credit = match (&self.credit, frame.kind) {
+            (Some(credit), Kind::Columns | Kind::Rows) => match credit.acquire().await {
+                Ok(c) => Some(c),
+                Err(_) => return false,
+            },
+            _ => None,
+        };
         let Ok(permit) = self.shared.out.reserve().await else {
             return false;
         };
+        // Spent only now that the frame goes out (a give-up before returns it).
+        if let Some(c) = credit {
+            c.forget();
+        }
         match frame.kind {
             // Free the id before END can reach the client (it may reuse the id the
             // moment it reads END), but only once END has its place in the queue: a

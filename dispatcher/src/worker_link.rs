@@ -124,6 +124,7 @@ async fn register(
         max_streams: 1,
         keepalive_interval_ms: ctx.config.timeouts.keepalive_interval_ms,
         worker: Some(ctx.worker_settings.clone()),
+        stream_window: 0,
     };
     writer.send(Frame::new(Kind::HelloAck, 0, &ack)).await?;
     let connect_budget = deadline + Duration::from_millis(ctx.worker_settings.connect_timeout_ms);

@@ -36,6 +36,10 @@ pub struct Hello {
     /// Free-form name for logs and the admin view.
     #[serde(default)]
     pub name: Option<String>,
+    /// Role `client`: asks for per-stream flow control with this initial window, in data
+    /// frames (`COLUMNS`/`ROWS`) per stream. Absent or 0: no flow control.
+    #[serde(default)]
+    pub stream_window: Option<u32>,
 }
 
 /// Refuses a major version other than [`crate::PROTOCOL_MAJOR`]; any minor version is fine.
@@ -120,6 +124,10 @@ pub struct HelloAck {
     /// Worker settings (role `worker` only).
     #[serde(default)]
     pub worker: Option<WorkerSettings>,
+    /// The per-stream window the dispatcher applies (at most the one asked for in `HELLO`);
+    /// 0 (or absent, from a dispatcher without flow control): none, send no `WINDOW`.
+    #[serde(default)]
+    pub stream_window: u32,
 }
 
 impl HelloAck {
@@ -170,6 +178,14 @@ pub struct Ready {
 pub struct Cancel {
     #[serde(default)]
     pub reason: String,
+}
+
+/// `WINDOW` (client → dispatcher, on an open stream): the dispatcher may send `increment`
+/// more data frames (`COLUMNS`, `ROWS`) on this stream. `ERROR` and `END` never need
+/// credit. A `WINDOW` for a stream that is no longer open is ignored (it crossed `END`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    pub increment: u32,
 }
 
 /// One statement of a batch.

@@ -128,7 +128,7 @@ codes! {
     BackendUnavailable = "BACKEND_UNAVAILABLE",
     /// The peer did not answer pings within `keepalive_timeout`.
     KeepaliveTimeout = "KEEPALIVE_TIMEOUT",
-    /// The client stopped reading; its streams were cancelled.
+    /// The client stopped reading a stream (flow control on) for `client_write_timeout`: it was cancelled.
     SlowConsumer = "SLOW_CONSUMER",
     /// An internal invariant failed.
     Internal = "INTERNAL",

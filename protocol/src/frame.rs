@@ -56,6 +56,8 @@ kinds! {
     Cancel = 0x08,
     /// A worker has connected to its database and can take requests.
     Ready = 0x09,
+    /// Per-stream flow control: the client grants more data frames on one stream.
+    Window = 0x0A,
     /// Opens a stream with a SQL request.
     Request = 0x10,
     /// Result-set metadata.

@@ -201,6 +201,7 @@ fn sample_stream() -> Vec<Frame> {
                 slot: None,
                 pid: Some(42),
                 name: None,
+                stream_window: Some(16),
             },
         ),
         Frame::new(
@@ -342,6 +343,7 @@ fn kind_codes_are_the_documented_ones() {
         (Kind::QuitNow, 0x07, true),
         (Kind::Cancel, 0x08, false),
         (Kind::Ready, 0x09, true),
+        (Kind::Window, 0x0a, false),
         (Kind::Request, 0x10, false),
         (Kind::Columns, 0x11, false),
         (Kind::Rows, 0x12, false),
@@ -566,6 +568,7 @@ fn hello_with_another_major_version_decodes_and_is_refused_by_check_version() {
         slot: None,
         pid: None,
         name: Some("future".into()),
+        stream_window: None,
     };
     let decoded: Hello = roundtrip(Kind::Hello, 0, &hello);
     assert_eq!(decoded, hello);
@@ -591,6 +594,7 @@ fn hello_with_another_major_version_decodes_and_is_refused_by_check_version() {
         max_streams: 1,
         keepalive_interval_ms: 1,
         worker: None,
+        stream_window: 0,
     };
     assert!(matches!(
         ack.check_version(),

@@ -21,9 +21,10 @@ fn arb_hello() -> impl Strategy<Value = Hello> {
         proptest::option::of(any::<u32>()),
         proptest::option::of(any::<u32>()),
         opt_string(),
+        proptest::option::of(any::<u32>()),
     )
         .prop_map(
-            |(version_major, version_minor, role, token, secret, slot, pid, name)| Hello {
+            |(version_major, version_minor, role, token, secret, slot, pid, name, stream_window)| Hello {
                 version_major,
                 version_minor,
                 role,
@@ -32,6 +33,7 @@ fn arb_hello() -> impl Strategy<Value = Hello> {
                 slot,
                 pid,
                 name,
+                stream_window,
             },
         )
 }
@@ -90,6 +92,7 @@ fn arb_hello_ack() -> impl Strategy<Value = HelloAck> {
         any::<u32>(),
         any::<u64>(),
         proptest::option::of(arb_worker_settings()),
+        any::<u32>(),
     )
         .prop_map(
             |(
@@ -101,6 +104,7 @@ fn arb_hello_ack() -> impl Strategy<Value = HelloAck> {
                 max_streams,
                 keepalive_interval_ms,
                 worker,
+                stream_window,
             )| {
                 HelloAck {
                     version_major,
@@ -111,6 +115,7 @@ fn arb_hello_ack() -> impl Strategy<Value = HelloAck> {
                     max_streams,
                     keepalive_interval_ms,
                     worker,
+                    stream_window,
                 }
             },
         )
@@ -476,7 +481,8 @@ fn optional_fields_may_be_absent() {
             secret: None,
             slot: None,
             pid: None,
-            name: None
+            name: None,
+            stream_window: None,
         }
     );
 
@@ -633,6 +639,7 @@ fn optional_fields_may_be_nil() {
         slot: Some(3),
         pid: None,
         name: None,
+        stream_window: None,
     };
     let frame = Frame::new(Kind::Hello, 0, &h);
     // "token" key followed by nil (0xc0).

@@ -146,6 +146,7 @@ async fn run(args: Args, secret: String, started: Instant) -> i32 {
         slot: Some(args.slot),
         pid: Some(std::process::id()),
         name: Some(format!("osprey-worker/{}", args.slot)),
+        stream_window: None,
     };
     let reg = match link::register(&args.socket, &hello).await {
         Ok(r) => r,

@@ -53,6 +53,7 @@ fn ack(worker: WorkerSettings) -> HelloAck {
         max_streams: 1,
         keepalive_interval_ms: 5000,
         worker: Some(worker),
+        stream_window: 0,
     }
 }
 

@@ -37,6 +37,8 @@ pub struct Settings {
     pub keepalive_interval_ms: u64,
     /// Answer the client's PINGs (when reading with `recv`).
     pub answer_pings: bool,
+    /// `HELLO_ACK.stream_window`: 0 plays a dispatcher without flow control.
+    pub stream_window: u32,
 }
 
 impl Default for Settings {
@@ -45,6 +47,7 @@ impl Default for Settings {
             max_streams: 64,
             keepalive_interval_ms: 10_000,
             answer_pings: true,
+            stream_window: 0,
         }
     }
 }
@@ -89,6 +92,7 @@ impl FakeServer {
                     max_streams: settings.max_streams,
                     keepalive_interval_ms: settings.keepalive_interval_ms,
                     worker: None,
+                    stream_window: settings.stream_window,
                 };
                 next_id += 1;
                 conn.w.send(Frame::new(Kind::HelloAck, 0, &ack)).await.unwrap();

@@ -255,6 +255,7 @@ async fn raw_client(d: &Dispatcher) -> (Framed<TcpStream, FrameCodec>, HelloAck)
         slot: None,
         pid: None,
         name: Some("core-test-raw".into()),
+        stream_window: None,
     };
     f.send(Frame::new(Kind::Hello, 0, &hello)).await.unwrap();
     let ack = f.next().await.expect("an answer").unwrap();
@@ -344,6 +345,7 @@ async fn refusals() {
         slot: Some(before[0].0 as u32),
         pid: Some(std::process::id()),
         name: Some("impostor".into()),
+        stream_window: None,
     };
     w.send(Frame::new(Kind::Hello, 0, &hello)).await.unwrap();
     let answer = tokio::time::timeout(Duration::from_secs(5), w.next())

@@ -38,6 +38,7 @@ pub fn hello(major: u16, token: &str) -> Hello {
         slot: None,
         pid: Some(std::process::id()),
         name: Some("faults-raw".into()),
+        stream_window: None,
     }
 }
 
@@ -65,10 +66,23 @@ impl Raw {
         }
     }
 
-    /// Connects and completes the handshake.
+    /// Connects and completes the handshake (no flow control).
     pub async fn open(addr: SocketAddr, token: &str) -> (Raw, HelloAck) {
+        Raw::open_hello(addr, hello(1, token)).await
+    }
+
+    /// Connects and completes the handshake, asking for flow control with `window`.
+    pub async fn open_with_window(addr: SocketAddr, token: &str, window: u32) -> (Raw, HelloAck) {
+        let hello = Hello {
+            stream_window: Some(window),
+            ..hello(1, token)
+        };
+        Raw::open_hello(addr, hello).await
+    }
+
+    async fn open_hello(addr: SocketAddr, hello: Hello) -> (Raw, HelloAck) {
         let mut raw = Raw::connect(addr).await;
-        raw.send(Frame::new(Kind::Hello, 0, &hello(1, token))).await;
+        raw.send(Frame::new(Kind::Hello, 0, &hello)).await;
         match raw.next(Duration::from_secs(5)).await {
             Got::Frame(f) if f.kind == Kind::HelloAck => {
                 let ack: HelloAck = f.body().expect("HELLO_ACK body");
