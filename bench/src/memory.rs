@@ -67,6 +67,7 @@ pub async fn stream_rows(d: &Dispatcher, rows: u64) -> anyhow::Result<serde_json
     let before = rss_kib(d.pid())?;
     let mut peak = before;
     let sql = format!("SELECT seq, REPEAT('x', 200) FROM seq_1_to_{rows}");
+    let started = std::time::Instant::now();
     let mut stream = client.stream(Request::sql(sql));
     let mut got = 0u64;
     while let Some(item) = stream.next().await {
@@ -78,12 +79,21 @@ pub async fn stream_rows(d: &Dispatcher, rows: u64) -> anyhow::Result<serde_json
         }
     }
     anyhow::ensure!(got == rows, "streamed {got} rows, expected {rows}");
+    let secs = started.elapsed().as_secs_f64();
     let growth = peak.saturating_sub(before);
     println!(
-        "streaming {rows} rows: dispatcher RSS {:.1} MiB before, peak {:.1} MiB (+{:.1} MiB)",
+        "streaming {rows} rows: {:.0} ms ({:.0} rows/s); dispatcher RSS {:.1} MiB before, peak {:.1} MiB (+{:.1} MiB)",
+        secs * 1000.0,
+        rows as f64 / secs,
         before as f64 / 1024.0,
         peak as f64 / 1024.0,
         growth as f64 / 1024.0
     );
-    Ok(serde_json::json!({ "rows": rows, "rss_before_kib": before, "rss_peak_kib": peak, "growth_kib": growth }))
+    Ok(serde_json::json!({
+        "rows": rows,
+        "ms": secs * 1000.0,
+        "rss_before_kib": before,
+        "rss_peak_kib": peak,
+        "growth_kib": growth
+    }))
 }
