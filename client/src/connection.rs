@@ -37,6 +37,11 @@ use crate::error::Error;
 /// Frames fed to the socket before one flush.
 const WRITE_BATCH: usize = 256;
 
+/// While its reader takes frames, a stream gives credit back at least this often, not
+/// only half a window at a time: a slow but steady reader must not look stalled to the
+/// dispatcher, which ends a stream left without credit for its `client_write_timeout`.
+const CREDIT_EVERY: Duration = Duration::from_secs(1);
+
 /// Counters shared by all connections of one client.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
@@ -123,18 +128,22 @@ pub(crate) struct StreamGuard {
     pub finished: bool,
     /// Data frames taken from `rx` and not yet given back to the dispatcher as credit.
     consumed: u32,
+    /// When credit was last given back (or the stream opened).
+    credited_at: Instant,
 }
 
 impl StreamGuard {
     /// The stream's next frame; `None` when the connection died or refused the stream.
     /// With flow control on, the data frames taken are given back to the dispatcher as
-    /// credit, half a window at a time. Cancel-safe (it awaits only the channel).
+    /// credit, half a window at a time, or after [`CREDIT_EVERY`]. Cancel-safe (it
+    /// awaits only the channel).
     pub async fn recv(&mut self) -> Option<Frame> {
         let frame = self.rx.recv().await?;
         let window = self.conn.shared.window;
         if window > 0 && matches!(frame.kind, Kind::Columns | Kind::Rows) {
             self.consumed += 1;
-            if self.consumed >= (window / 2).max(1) {
+            if self.consumed >= (window / 2).max(1) || self.credited_at.elapsed() >= CREDIT_EVERY {
+                self.credited_at = Instant::now();
                 let cmd = Cmd::Window {
                     id: self.id,
                     seq: self.seq,
@@ -362,6 +371,7 @@ impl ConnHandle {
             written,
             finished: false,
             consumed: 0,
+            credited_at: Instant::now(),
         };
         let frame = build(id);
         self.cmd

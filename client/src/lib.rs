@@ -40,10 +40,10 @@
 //! [`ClientConfig::stream_buffer`] data frames per stream (default 16; a `ROWS` frame
 //! holds at most the dispatcher's batch size). The dispatcher sends a stream no more
 //! data frames than its reader has room for, and the SDK gives credit back (`WINDOW`)
-//! as the reader takes them. So a slow reader slows only its own stream: the other
-//! streams of the connection go on. A stream left unread for the dispatcher's
-//! `client_write_timeout` (30 s by default) ends with `SLOW_CONSUMER` and its
-//! statement is killed, so it cannot pin a worker.
+//! as the reader takes them (half a window at a time, and at least once a second). So
+//! a slow reader slows only its own stream: the other streams of the connection go on.
+//! A stream left unread for the dispatcher's `client_write_timeout` (30 s by default)
+//! ends with `SLOW_CONSUMER` and its statement is killed, so it cannot pin a worker.
 //!
 //! Against a dispatcher without flow control (protocol 1.0) the bound is this: each
 //! stream buffers at most `stream_buffer` frames; when a reader leaves that full, the

@@ -391,8 +391,8 @@ type NextFuture = Pin<Box<dyn Future<Output = (Box<Call>, Option<Result<Event, E
 
 /// Rows of a request as they arrive: a [`futures::Stream`] of
 /// `Result<StreamItem, Error>`. Frames are pulled from the connection as you read;
-/// at most [`ClientConfig::stream_buffer`](crate::ClientConfig::stream_buffer) frames
-/// wait for you in memory.
+/// at most [`ClientConfig::stream_buffer`](crate::ClientConfig::stream_buffer) data
+/// frames (plus the closing ERROR/END) wait for you in memory.
 ///
 /// Dropping a `RowStream` before it ends cancels the request (`CANCEL` is sent).
 /// A request is resent automatically only until its first result set has been

@@ -689,3 +689,37 @@ async fn flow_control_credit_follows_the_reader() {
     assert!(rows.next_row().await.is_none());
     assert_balanced(&client);
 }
+
+/// A slow but steady reader gives credit back at least every second, not only half a
+/// window at a time, so the dispatcher never takes it for a stalled one.
+#[tokio::test]
+async fn a_slow_reader_gives_credit_back_within_a_second() {
+    let mut server = FakeServer::start(Settings {
+        stream_window: 8,
+        ..Settings::default()
+    })
+    .await;
+    let client = Client::connect(config(&[&server.addr])).await.unwrap();
+    let mut conn = server.accept().await;
+    let mut rows = client.stream(Request::sql("SELECT n FROM big"));
+    let first = async { rows.next().await };
+    let server_side = async {
+        let (s, _) = conn.request().await;
+        conn.columns(s, &["n"]).await;
+        conn.rows(s, vec![vec![Value::Int(0)]]).await;
+        s
+    };
+    let (item, s) = tokio::join!(first, server_side);
+    assert!(matches!(item, Some(Ok(StreamItem::ResultSet(_)))));
+    // One of a half window of 4 taken: nothing yet.
+    assert!(conn.try_recv_for(Duration::from_millis(200)).await.is_none());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The next frame taken, over a second after the stream opened: its credit goes back.
+    assert_eq!(rows.next_row().await.unwrap().unwrap().get::<i64>(0).unwrap(), 0);
+    let f = conn.recv().await.expect("WINDOW");
+    assert_eq!((f.kind, f.stream), (Kind::Window, s));
+    assert_eq!(f.body::<Window>().unwrap().increment, 2);
+    conn.end(s, End::default()).await;
+    assert!(rows.next_row().await.is_none());
+    assert_balanced(&client);
+}

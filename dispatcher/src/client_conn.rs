@@ -30,6 +30,21 @@ type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
 /// Largest frame accepted before the client has authenticated.
 const HANDSHAKE_MAX_PAYLOAD: usize = 64 * 1024;
 
+/// A write to the client that failed or made no progress within its limit.
+struct WriteFailed;
+
+impl From<tokio::time::error::Elapsed> for WriteFailed {
+    fn from(_: tokio::time::error::Elapsed) -> WriteFailed {
+        WriteFailed
+    }
+}
+
+impl From<ProtocolError> for WriteFailed {
+    fn from(_: ProtocolError) -> WriteFailed {
+        WriteFailed
+    }
+}
+
 /// Largest per-stream flow-control window granted (data frames); a client asking for more
 /// gets this. The dispatcher buffers nothing per stream: the window bounds what the
 /// client must be ready to hold.
@@ -362,18 +377,23 @@ async fn open_stream(
     Ok(())
 }
 
+/// Writes the client's queue to its socket. `limit` bounds each step (one frame into
+/// the buffer, which writes out what is already there; the final flush), not the whole
+/// batch: a client that keeps taking bytes is never cut off, however long a result it is
+/// being sent; one that takes nothing for `limit` is.
 async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Frame>, limit: Duration, failed: CancellationToken) {
     while let Some(frame) = rx.recv().await {
-        let ok = timeout(limit, async {
-            writer.feed(frame).await?;
+        let ok = async {
+            timeout(limit, writer.feed(frame)).await??;
             // Coalesce whatever else is queued into the same write.
             while let Ok(frame) = rx.try_recv() {
-                writer.feed(frame).await?;
+                timeout(limit, writer.feed(frame)).await??;
             }
-            SinkExt::<Frame>::flush(&mut writer).await
-        })
+            timeout(limit, SinkExt::<Frame>::flush(&mut writer)).await??;
+            Ok::<(), WriteFailed>(())
+        }
         .await;
-        if !matches!(ok, Ok(Ok(()))) {
+        if ok.is_err() {
             failed.cancel();
             // Keep draining so request tasks never block on a dead client.
             rx.close();

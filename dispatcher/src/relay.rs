@@ -49,32 +49,23 @@ struct Current {
     errored: bool,
     /// The worker answered DATABASE_FATAL: it exits after this request.
     fatal: bool,
-    /// The client took none of this stream's data for client_write_timeout: it got
-    /// ERROR SLOW_CONSUMER from us; the worker's further frames but END are dropped.
+    /// The stream had no credit for client_write_timeout (its reader returned none): it
+    /// got ERROR SLOW_CONSUMER from us; the worker's further frames but END are dropped.
     stalled: bool,
+    /// A data frame was withheld (after a CANCEL): the result cannot end as a success.
+    data_dropped: bool,
 }
 
-/// How handing a data frame to the client ended.
-enum Data {
-    Sent,
-    /// The client connection is gone.
-    ClientGone,
-    /// Given up (the frame is dropped; the stream cannot succeed any more): the
-    /// request's deadline passed, the dispatcher is aborting, the client cancelled the
-    /// stream, or it stalled.
-    GaveUp {
-        stalled: bool,
-    },
-}
-
-impl Data {
-    fn delivered(alive: bool) -> Data {
-        if alive {
-            Data::Sent
-        } else {
-            Data::ClientGone
-        }
-    }
+/// Why waiting to hand a data frame on ended without it (the frame is dropped; the
+/// stream cannot succeed any more).
+enum GiveUp {
+    /// The request's deadline passed, the dispatcher is aborting, or the stream was
+    /// cancelled (by the client, or because its connection closed).
+    Stopped,
+    /// No credit for client_write_timeout.
+    Stalled,
+    /// The worker link failed meanwhile.
+    Link(&'static str),
 }
 
 pub struct Relay {
@@ -166,7 +157,7 @@ impl Relay {
                 biased;
                 _ = sleep_until(deadline), if busy => {
                     let cur = current.take().expect("busy");
-                    ctx.metrics.outcome("timeout");
+                    ctx.metrics.outcome(if cur.stalled { "slow_consumer" } else { "timeout" });
                     let (code, msg) = if cur.cancel_sent {
                         (ErrorCode::Cancelled, "the worker did not stop after CANCEL; it was killed")
                     } else {
@@ -216,7 +207,9 @@ impl Relay {
                                 return Err("response frame on the wrong stream");
                             }
                             // After a CANCEL nobody wants the data: only ERROR and END go on.
-                            if cur.client_alive && !cur.cancel_sent {
+                            if cur.cancel_sent {
+                                cur.data_dropped = true;
+                            } else if cur.client_alive {
                                 self.forward_data(cur, frame).await?;
                             }
                         }
@@ -341,6 +334,7 @@ impl Relay {
             errored: false,
             fatal: false,
             stalled: false,
+            data_dropped: false,
         });
         Ok(true)
     }
@@ -370,6 +364,19 @@ impl Relay {
     async fn finish(&mut self, mut cur: Current, frame: Frame) -> Result<bool, &'static str> {
         let frame = with_queue_time(frame, cur.queue_time);
         let relayed = if cur.client_alive {
+            if cur.data_dropped && !cur.errored && !cur.stalled {
+                // Cancelled, but the worker finished first: rows were withheld, so the
+                // outcome is CANCELLED, not an END that would pass for a whole result.
+                let body = ErrorBody {
+                    dispatched: true,
+                    ..ErrorBody::undispatched(
+                        Origin::Dispatcher,
+                        ErrorCode::Cancelled,
+                        "cancelled; the rows that were still to come were dropped",
+                    )
+                };
+                self.forward(&mut cur.guard, Frame::new(Kind::Error, 0, &body)).await?;
+            }
             self.forward(&mut cur.guard, frame).await.map(drop)
         } else {
             Ok(())
@@ -413,68 +420,97 @@ impl Relay {
         }
     }
 
-    /// Hands a COLUMNS/ROWS frame to the client, waiting for the stream's credit and
-    /// room in the client's queue. Unlike ERROR and END, a data frame may be given up:
-    /// while it waits, the request's deadline, a CANCEL, the dispatcher's abort and
-    /// the stall limit (client_write_timeout) still count, so a stream its reader does
-    /// not read cannot pin the worker.
+    /// Hands a COLUMNS/ROWS frame to the client: first the stream's credit (flow
+    /// control on), then room in the client's queue. Unlike ERROR and END, a data frame
+    /// may be given up: while it waits, the request's deadline, a CANCEL and the
+    /// dispatcher's abort still count, and a stream without credit for
+    /// client_write_timeout ends with SLOW_CONSUMER, so a stream that is not read cannot
+    /// pin the worker. (A connection that takes no bytes is the writer's to cut off.)
     async fn forward_data(&mut self, cur: &mut Current, frame: Frame) -> Result<(), &'static str> {
-        let ctx = self.ctx.clone();
         let (deadline, cancel) = (cur.deadline, cur.cancel.clone());
-        let mut link_error = None;
-        let data = {
-            let forward = cur.guard.forward(frame);
-            tokio::pin!(forward);
-            // The usual case: credit and room at once. Only a frame that has to wait
-            // arms the timers (two timer-wheel entries per frame otherwise).
-            match futures::poll!(&mut forward) {
-                Poll::Ready(alive) => Data::delivered(alive),
-                Poll::Pending => {
-                    let expired = sleep_until(deadline);
-                    let stalled = sleep_until(TokioInstant::now() + ctx.client_write_timeout());
-                    tokio::pin!(expired, stalled);
-                    loop {
-                        tokio::select! {
-                            biased;
-                            alive = &mut forward => break Data::delivered(alive),
-                            _ = &mut expired => break Data::GaveUp { stalled: false },
-                            _ = ctx.abort.cancelled() => break Data::GaveUp { stalled: false },
-                            _ = cancel.cancelled() => break Data::GaveUp { stalled: false },
-                            _ = &mut stalled => break Data::GaveUp { stalled: true },
-                            _ = self.tick.tick(), if link_error.is_none() => {
-                                if let Err(why) = self.ping().await {
-                                    link_error = Some(why);
-                                }
-                            }
-                        }
+        let credit = match cur.guard.credit() {
+            None => None,
+            Some(credit) => {
+                let stall = Some(self.ctx.client_write_timeout());
+                match self.wait(credit.acquire_owned(), deadline, &cancel, stall).await {
+                    Ok(Ok(permit)) => Some(permit),
+                    // The semaphore is never closed; treat it as a client that is gone.
+                    Ok(Err(_)) => return self.client_gone(cur).await,
+                    Err(why) => return self.give_up(cur, why).await,
+                }
+            }
+        };
+        let sent = cur.guard.forward_spending(frame, credit);
+        match self.wait(sent, deadline, &cancel, None).await {
+            Ok(true) => Ok(()),
+            Ok(false) => self.client_gone(cur).await,
+            Err(why) => self.give_up(cur, why).await,
+        }
+    }
+
+    /// Awaits `work` while the link stays alive (PINGs out), until the request's
+    /// deadline, a CANCEL, the abort, or (`stall`) that long. The usual case, `work`
+    /// ready at once, arms no timer.
+    async fn wait<T>(
+        &mut self,
+        work: impl std::future::Future<Output = T>,
+        deadline: TokioInstant,
+        cancel: &CancellationToken,
+        stall: Option<Duration>,
+    ) -> Result<T, GiveUp> {
+        tokio::pin!(work);
+        if let Poll::Ready(v) = futures::poll!(&mut work) {
+            return Ok(v);
+        }
+        let ctx = self.ctx.clone();
+        let expired = sleep_until(deadline);
+        let stalled = sleep_until(TokioInstant::now() + stall.unwrap_or(Duration::from_secs(86_400 * 365)));
+        tokio::pin!(expired, stalled);
+        let result = loop {
+            tokio::select! {
+                biased;
+                v = &mut work => break Ok(v),
+                _ = &mut expired => break Err(GiveUp::Stopped),
+                _ = ctx.abort.cancelled() => break Err(GiveUp::Stopped),
+                _ = cancel.cancelled() => break Err(GiveUp::Stopped),
+                _ = &mut stalled, if stall.is_some() => break Err(GiveUp::Stalled),
+                _ = self.tick.tick() => {
+                    if let Err(why) = self.ping().await {
+                        break Err(GiveUp::Link(why));
                     }
                 }
             }
         };
+        // The worker's frames waited in its socket meanwhile: its silence is ours.
         self.last_rx = TokioInstant::now();
-        if let Some(why) = link_error {
-            return Err(why);
-        }
-        match data {
-            Data::Sent => {}
-            Data::ClientGone => {
-                // The client is gone: stop the statement, keep draining to END.
-                cur.client_alive = false;
-                self.send_cancel(cur).await?;
-            }
-            // Deadline and abort: the loop's timers act next. A CANCEL: the loop
-            // would send it too, but nothing of this stream is wanted any more.
-            Data::GaveUp { stalled: false } => {
-                if cancel.is_cancelled() {
+        result
+    }
+
+    /// The client is gone: stop the statement, keep draining to END.
+    async fn client_gone(&mut self, cur: &mut Current) -> Result<(), &'static str> {
+        cur.client_alive = false;
+        self.send_cancel(cur).await
+    }
+
+    /// A data frame was given up (see [`GiveUp`]).
+    async fn give_up(&mut self, cur: &mut Current, why: GiveUp) -> Result<(), &'static str> {
+        cur.data_dropped = true;
+        match why {
+            GiveUp::Link(why) => Err(why),
+            // Deadline and abort: the loop's timers act next. A CANCEL: the loop would
+            // send it too, but nothing of this stream is wanted any more.
+            GiveUp::Stopped => {
+                if cur.cancel.is_cancelled() {
                     self.send_cancel(cur).await?;
                 }
+                Ok(())
             }
-            Data::GaveUp { stalled: true } => {
+            GiveUp::Stalled => {
                 warn!(
                     slot = self.slot,
                     conn = cur.guard.shared().id,
                     stream = cur.guard.stream(),
-                    "stream not read for client_write_timeout; cancelling it"
+                    "stream without credit for client_write_timeout; cancelling it"
                 );
                 cur.stalled = true;
                 let body = ErrorBody {
@@ -482,16 +518,16 @@ impl Relay {
                     ..ErrorBody::undispatched(
                         Origin::Dispatcher,
                         ErrorCode::SlowConsumer,
-                        "the stream's reader took none of its data for client_write_timeout; the request was cancelled",
+                        "the stream's reader returned no flow-control credit for client_write_timeout; \
+                         the request was cancelled",
                     )
                 };
                 if !self.forward(&mut cur.guard, Frame::new(Kind::Error, 0, &body)).await? {
                     cur.client_alive = false;
                 }
-                self.send_cancel(cur).await?;
+                self.send_cancel(cur).await
             }
         }
-        Ok(())
     }
 
     async fn ping(&mut self) -> Result<(), &'static str> {

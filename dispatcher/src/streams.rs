@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, Kind, Origin};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -190,10 +190,31 @@ impl StreamGuard {
         self.dispatched
     }
 
+    /// The stream's flow-control credit (`None`: flow control off). A data frame goes
+    /// out only with a permit of it; see [`StreamGuard::forward_spending`].
+    pub fn credit(&self) -> Option<Arc<Semaphore>> {
+        self.credit.clone()
+    }
+
     /// Sends a frame of this stream to the client. Returns false when the client is gone.
     /// A data frame (`COLUMNS`, `ROWS`) first waits for the stream's credit when flow
     /// control is on; `ERROR` and `END` never do.
     pub async fn forward(&mut self, frame: Frame) -> bool {
+        let credit = match (&self.credit, frame.kind) {
+            (Some(credit), Kind::Columns | Kind::Rows) if !self.shared.closed.load(Ordering::Relaxed) => {
+                match credit.clone().acquire_owned().await {
+                    Ok(c) => Some(c),
+                    Err(_) => return false,
+                }
+            }
+            _ => None,
+        };
+        self.forward_spending(frame, credit).await
+    }
+
+    /// [`StreamGuard::forward`] of a data frame whose credit the caller already holds
+    /// (`None` when flow control is off).
+    pub async fn forward_spending(&mut self, frame: Frame, credit: Option<OwnedSemaphorePermit>) -> bool {
         if self.terminal == Terminal::Closed {
             return false;
         }
@@ -208,13 +229,10 @@ impl StreamGuard {
             }
             return false;
         }
-        let credit = match (&self.credit, frame.kind) {
-            (Some(credit), Kind::Columns | Kind::Rows) => match credit.acquire().await {
-                Ok(c) => Some(c),
-                Err(_) => return false,
-            },
-            _ => None,
-        };
+        debug_assert!(
+            credit.is_some() || self.credit.is_none() || !matches!(frame.kind, Kind::Columns | Kind::Rows),
+            "a data frame without credit"
+        );
         let Ok(permit) = self.shared.out.reserve().await else {
             return false;
         };

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use mysql_async::prelude::Queryable;
 use osprey_client::{ErrorCode, Origin, Request, StreamItem};
 use osprey_protocol::{ErrorBody, Frame, Kind, Window};
 
@@ -161,6 +162,66 @@ async fn the_dispatcher_sends_no_more_than_the_window() {
         }
     }
     assert_eq!(tail, vec![Kind::Error, Kind::End]);
+    raw.expect_query_ok(3, "SELECT 1").await;
+    assert_closed_loop(&c, &[], 1).await;
+}
+
+/// Review finding (flow control). A CANCEL that reaches a stream whose worker had
+/// already sent everything: the rows still waiting for credit are dropped, so the stream
+/// must end with ERROR CANCELLED + END. It once ended with the worker's plain END, which
+/// passes for a complete result to a client that reads to END (the SDK discards a
+/// cancelled stream's frames, a client in another language may not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_after_the_worker_finished_is_not_a_success() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\nbatch_rows = 100\n").await;
+    let d = &c.dispatcher;
+    let session = crate::slots(d).await[0].db_connection_id.expect("db connection id");
+    let (mut raw, _) = Raw::open_with_window(d.client_addr, &d.client_token, 2).await;
+    raw.send(request(1, "SELECT seq FROM seq_1_to_1000")).await;
+    for kind in [Kind::Columns, Kind::Rows] {
+        match raw.next_data(Duration::from_secs(10)).await {
+            Got::Frame(f) => assert_eq!((f.kind, f.stream), (kind, 1)),
+            Got::Closed => panic!("closed"),
+        }
+    }
+    // The statement is over on the server (its session sleeps): the worker has the
+    // whole result, and 1000 short rows fit in its socket to the dispatcher.
+    let opts = c.sandbox.primary().opts();
+    osprey_tests::harness::wait_for(Duration::from_secs(5), "the worker's statement to end", || {
+        let opts = opts.clone();
+        async move {
+            let mut db = mysql_async::Conn::new(opts).await.ok()?;
+            let sql = format!("SELECT COMMAND FROM information_schema.PROCESSLIST WHERE ID = {session}");
+            let cmd: Option<String> = db.query_first(sql).await.ok()?;
+            let _ = db.disconnect().await;
+            (cmd.as_deref() == Some("Sleep")).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    raw.send(Frame::new(
+        Kind::Cancel,
+        1,
+        &osprey_protocol::Cancel { reason: "test".into() },
+    ))
+    .await;
+    let mut tail = Vec::new();
+    let error = loop {
+        match raw.next_data(Duration::from_secs(10)).await {
+            Got::Frame(f) if f.stream == 1 && f.kind == Kind::Error => break f.body::<ErrorBody>().unwrap(),
+            Got::Frame(f) if f.stream == 1 && f.kind == Kind::End => panic!("END without ERROR after {tail:?}"),
+            Got::Frame(f) => tail.push(f.kind),
+            Got::Closed => panic!("closed after {tail:?}"),
+        }
+    };
+    println!("cancel after the worker finished: {error:?}");
+    assert_eq!(error.code, ErrorCode::Cancelled, "{error:?}");
+    assert!(error.dispatched);
+    match raw.next_data(Duration::from_secs(10)).await {
+        Got::Frame(f) => assert_eq!((f.kind, f.stream), (Kind::End, 1)),
+        Got::Closed => panic!("closed"),
+    }
     raw.expect_query_ok(3, "SELECT 1").await;
     assert_closed_loop(&c, &[], 1).await;
 }

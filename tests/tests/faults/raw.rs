@@ -57,7 +57,10 @@ pub fn header(len: u32, kind: u8, stream: u32) -> [u8; 12] {
 
 impl Raw {
     pub async fn connect(addr: SocketAddr) -> Raw {
-        let sock = TcpStream::connect(addr).await.expect("tcp connect");
+        Raw::from_socket(TcpStream::connect(addr).await.expect("tcp connect"))
+    }
+
+    fn from_socket(sock: TcpStream) -> Raw {
         sock.set_nodelay(true).expect("nodelay");
         let (r, w) = sock.into_split();
         Raw {
@@ -68,7 +71,7 @@ impl Raw {
 
     /// Connects and completes the handshake (no flow control).
     pub async fn open(addr: SocketAddr, token: &str) -> (Raw, HelloAck) {
-        Raw::open_hello(addr, hello(1, token)).await
+        Raw::connect(addr).await.handshake(hello(1, token)).await
     }
 
     /// Connects and completes the handshake, asking for flow control with `window`.
@@ -77,16 +80,24 @@ impl Raw {
             stream_window: Some(window),
             ..hello(1, token)
         };
-        Raw::open_hello(addr, hello).await
+        Raw::connect(addr).await.handshake(hello).await
     }
 
-    async fn open_hello(addr: SocketAddr, hello: Hello) -> (Raw, HelloAck) {
-        let mut raw = Raw::connect(addr).await;
-        raw.send(Frame::new(Kind::Hello, 0, &hello)).await;
-        match raw.next(Duration::from_secs(5)).await {
+    /// Connects with a small receive buffer (a slow network path in effect: little in
+    /// flight) and completes the handshake (no flow control).
+    pub async fn open_small_rcvbuf(addr: SocketAddr, token: &str, rcvbuf: u32) -> (Raw, HelloAck) {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(rcvbuf).expect("SO_RCVBUF");
+        let sock = socket.connect(addr).await.expect("tcp connect");
+        Raw::from_socket(sock).handshake(hello(1, token)).await
+    }
+
+    async fn handshake(mut self, hello: Hello) -> (Raw, HelloAck) {
+        self.send(Frame::new(Kind::Hello, 0, &hello)).await;
+        match self.next(Duration::from_secs(5)).await {
             Got::Frame(f) if f.kind == Kind::HelloAck => {
                 let ack: HelloAck = f.body().expect("HELLO_ACK body");
-                (raw, ack)
+                (self, ack)
             }
             other => panic!("expected HELLO_ACK, got {other:?}"),
         }

@@ -111,6 +111,46 @@ async fn stopped_client_is_cut_off() {
     assert_closed_loop(&c, &[&client], 2).await;
 }
 
+/// Review finding (flow control). A client on a slow path that keeps reading steadily is
+/// not cut off, however long its result takes: client_write_timeout (1 s here) bounds
+/// each write step, not a whole batch of writes. It once timed the batch, which goes on
+/// as long as the client's queue never runs empty, so a 20 MB result read at ~10 MB/s
+/// through a 64 KiB receive window was cut off after 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_steady_client_is_not_cut_off() {
+    let _serial = serial().await;
+    let c = cluster(
+        "[pool]\nsize = 1\nbatch_rows = 100\n\
+         [limits]\nclient_write_timeout_ms = 1000\nclient_write_queue = 16\n",
+    )
+    .await;
+    let d = &c.dispatcher;
+    let (mut raw, _) = Raw::open_small_rcvbuf(d.client_addr, &d.client_token, 64 * 1024).await;
+    const ROWS: u64 = 20_000;
+    raw.send(request(1, &format!("SELECT REPEAT('x', 1000) FROM seq_1_to_{ROWS}")))
+        .await;
+    let t0 = Instant::now();
+    let mut rows = 0u64;
+    loop {
+        match raw.next_data(Duration::from_secs(10)).await {
+            Got::Frame(f) if f.stream == 1 && f.kind == Kind::Rows => {
+                rows += f.body::<Rows>().unwrap().rows.len() as u64;
+                // About 100 KB a frame: ~10 MB/s.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Got::Frame(f) if f.stream == 1 && f.kind == Kind::Columns => {}
+            Got::Frame(f) if f.stream == 1 && f.kind == Kind::End => break,
+            other => panic!("after {rows} rows in {} ms: {other:?}", ms(t0)),
+        }
+    }
+    let took = ms(t0);
+    println!("slow steady client: {rows} rows in {took} ms");
+    assert_eq!(rows, ROWS);
+    assert!(took > 1500, "read in {took} ms: too fast to show anything");
+    raw.expect_query_ok(3, "SELECT 1").await;
+    assert_closed_loop(&c, &[], 1).await;
+}
+
 /// Review finding (relay rewrite). A client that pauses reading a big result for longer
 /// than keepalive_timeout (but well within client_write_timeout), while it keeps its own
 /// link alive with PINGs, gets its whole result afterwards, from the same worker. While
