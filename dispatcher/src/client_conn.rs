@@ -45,6 +45,16 @@ impl From<ProtocolError> for WriteFailed {
     }
 }
 
+/// `work` within `limit`. Most steps are ready at once (room in the buffer, the socket
+/// takes the bytes): those arm no timer.
+async fn within<T>(limit: Duration, work: impl std::future::Future<Output = T>) -> Result<T, WriteFailed> {
+    tokio::pin!(work);
+    if let std::task::Poll::Ready(v) = futures::poll!(&mut work) {
+        return Ok(v);
+    }
+    Ok(timeout(limit, work).await?)
+}
+
 /// Largest per-stream flow-control window granted (data frames); a client asking for more
 /// gets this. The dispatcher buffers nothing per stream: the window bounds what the
 /// client must be ready to hold.
@@ -384,12 +394,12 @@ async fn open_stream(
 async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Frame>, limit: Duration, failed: CancellationToken) {
     while let Some(frame) = rx.recv().await {
         let ok = async {
-            timeout(limit, writer.feed(frame)).await??;
+            within(limit, writer.feed(frame)).await??;
             // Coalesce whatever else is queued into the same write.
             while let Ok(frame) = rx.try_recv() {
-                timeout(limit, writer.feed(frame)).await??;
+                within(limit, writer.feed(frame)).await??;
             }
-            timeout(limit, SinkExt::<Frame>::flush(&mut writer)).await??;
+            within(limit, SinkExt::<Frame>::flush(&mut writer)).await??;
             Ok::<(), WriteFailed>(())
         }
         .await;

@@ -427,21 +427,24 @@ impl Relay {
     /// client_write_timeout ends with SLOW_CONSUMER, so a stream that is not read cannot
     /// pin the worker. (A connection that takes no bytes is the writer's to cut off.)
     async fn forward_data(&mut self, cur: &mut Current, frame: Frame) -> Result<(), &'static str> {
-        let (deadline, cancel) = (cur.deadline, cur.cancel.clone());
+        let deadline = cur.deadline;
         let credit = match cur.guard.credit() {
             None => None,
-            Some(credit) => {
-                let stall = Some(self.ctx.client_write_timeout());
-                match self.wait(credit.acquire_owned(), deadline, &cancel, stall).await {
-                    Ok(Ok(permit)) => Some(permit),
-                    // The semaphore is never closed; treat it as a client that is gone.
-                    Ok(Err(_)) => return self.client_gone(cur).await,
-                    Err(why) => return self.give_up(cur, why).await,
+            Some(credit) => match credit.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let stall = Some(self.ctx.client_write_timeout());
+                    match self.wait(credit.acquire_owned(), deadline, &cur.cancel, stall).await {
+                        Ok(Ok(permit)) => Some(permit),
+                        // The semaphore is never closed; treat it as a client that is gone.
+                        Ok(Err(_)) => return self.client_gone(cur).await,
+                        Err(why) => return self.give_up(cur, why).await,
+                    }
                 }
-            }
+            },
         };
         let sent = cur.guard.forward_spending(frame, credit);
-        match self.wait(sent, deadline, &cancel, None).await {
+        match self.wait(sent, deadline, &cur.cancel, None).await {
             Ok(true) => Ok(()),
             Ok(false) => self.client_gone(cur).await,
             Err(why) => self.give_up(cur, why).await,
