@@ -185,7 +185,21 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
     let mut goaway_at = Instant::now();
     let mut nonce = 0u64;
     let close: Option<ErrorBody> = loop {
+        // Biased, and the keepalive check last: after the reader was held up (answering
+        // into a full queue), frames the client sent meanwhile are read before its
+        // silence is judged.
         tokio::select! {
+            biased;
+            _ = write_failed.cancelled() => {
+                warn!("client does not take our bytes (write timeout or error); cutting it off");
+                break None;
+            }
+            _ = ctx.draining.cancelled(), if !draining => {
+                draining = true;
+                goaway_at = Instant::now();
+                let goaway = GoAway { code: ErrorCode::ShuttingDown, message: "dispatcher is shutting down".into() };
+                let _ = shared.out.send(Frame::new(Kind::GoAway, 0, &goaway)).await;
+            }
             frame = reader.next() => {
                 let frame = match frame {
                     None => break None,
@@ -201,24 +215,6 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
                     break Some(body);
                 }
             }
-            _ = keepalive.tick() => {
-                if last_rx.elapsed() > ctx.keepalive_timeout() {
-                    warn!("client silent past keepalive_timeout; closing");
-                    break Some(conn_error(ErrorCode::KeepaliveTimeout, "no frame within keepalive_timeout"));
-                }
-                nonce += 1;
-                let _ = shared.out.try_send(Frame::new(Kind::Ping, 0, &Ping { nonce }));
-            }
-            _ = write_failed.cancelled() => {
-                warn!("client does not take our bytes (write timeout or error); cutting it off");
-                break None;
-            }
-            _ = ctx.draining.cancelled(), if !draining => {
-                draining = true;
-                goaway_at = Instant::now();
-                let goaway = GoAway { code: ErrorCode::ShuttingDown, message: "dispatcher is shutting down".into() };
-                let _ = shared.out.send(Frame::new(Kind::GoAway, 0, &goaway)).await;
-            }
             _ = drain_poll.tick(), if draining => {
                 // The SDK closes the connection itself once its last stream ended. For
                 // other clients: close when idle, but only after a quiet spell, so that
@@ -228,6 +224,14 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
                 if shared.open_streams() == 0 && quiet {
                     break None;
                 }
+            }
+            _ = keepalive.tick() => {
+                if last_rx.elapsed() > ctx.keepalive_timeout() {
+                    warn!("client silent past keepalive_timeout; closing");
+                    break Some(conn_error(ErrorCode::KeepaliveTimeout, "no frame within keepalive_timeout"));
+                }
+                nonce += 1;
+                let _ = shared.out.try_send(Frame::new(Kind::Ping, 0, &Ping { nonce }));
             }
         }
     };
@@ -288,7 +292,10 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
         }
         Kind::Ping => {
             let ping: Ping = frame.body().map_err(|e| protocol_error(&e))?;
-            let _ = shared.out.send(Frame::new(Kind::Pong, 0, &ping)).await;
+            // Never wait for room to answer: a full queue means frames are on their way
+            // to the client (each a sign of life), and a reader waiting here could not
+            // see the client's own frames.
+            let _ = shared.out.try_send(Frame::new(Kind::Pong, 0, &ping));
             Ok(())
         }
         Kind::Pong | Kind::GoAway => Ok(()),
