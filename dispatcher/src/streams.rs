@@ -196,24 +196,14 @@ impl StreamGuard {
         self.credit.clone()
     }
 
-    /// Sends a frame of this stream to the client. Returns false when the client is gone.
-    /// A data frame (`COLUMNS`, `ROWS`) first waits for the stream's credit when flow
-    /// control is on; `ERROR` and `END` never do.
+    /// Sends `ERROR` or `END` (which need no credit), or a data frame on a connection
+    /// without flow control. Returns false when the client is gone.
     pub async fn forward(&mut self, frame: Frame) -> bool {
-        let credit = match (&self.credit, frame.kind) {
-            (Some(credit), Kind::Columns | Kind::Rows) if !self.shared.closed.load(Ordering::Relaxed) => {
-                match credit.clone().acquire_owned().await {
-                    Ok(c) => Some(c),
-                    Err(_) => return false,
-                }
-            }
-            _ => None,
-        };
-        self.forward_spending(frame, credit).await
+        self.forward_spending(frame, None).await
     }
 
-    /// [`StreamGuard::forward`] of a data frame whose credit the caller already holds
-    /// (`None` when flow control is off).
+    /// Sends a frame of this stream to the client, spending `credit` (the permit a data
+    /// frame needs when flow control is on). Returns false when the client is gone.
     pub async fn forward_spending(&mut self, frame: Frame, credit: Option<OwnedSemaphorePermit>) -> bool {
         if self.terminal == Terminal::Closed {
             return false;
