@@ -1,0 +1,339 @@
+//! The SQL text scanner shared by the worker (session-state scan) and, later, the
+//! dispatcher's classifier and digest: one place that knows MySQL's quoting and
+//! comment rules.
+//!
+//! It assumes the default `sql_mode` (backslash escapes, `"` strings); under
+//! `NO_BACKSLASH_ESCAPES` or `ANSI_QUOTES` it may misread a quote, which is why the
+//! worker offers `session_reset = "always"`.
+
+/// Statements that control the transaction or take table locks, in any of the
+/// top-level `;`-separated statements of `sql`: with statement-level pooling (like
+/// PgBouncer's statement mode) they would leave state behind for the next client, or
+/// break a batch's all-or-nothing. `CREATE`/`ALTER` (a routine's body) are not looked into.
+pub fn controls_session(sql: &str) -> bool {
+    top_level_statements(&code_text(sql)).any(|part| {
+        let mut words = part
+            .split(|c: char| c.is_whitespace() || c == '=' || c == '(')
+            .filter(|w| !w.is_empty());
+        let first = words.next().unwrap_or("");
+        let mut second = words.next().unwrap_or("");
+        let is = |w: &str, lit: &str| w.eq_ignore_ascii_case(lit);
+        if is(first, "rollback") && is(second, "work") {
+            second = words.next().unwrap_or("");
+        }
+        if is(first, "begin") {
+            !is(second, "not")
+        } else if is(first, "start") {
+            is(second, "transaction")
+        } else if is(first, "commit") || is(first, "xa") {
+            true
+        } else if is(first, "rollback") {
+            !is(second, "to")
+        } else if is(first, "lock") || is(first, "unlock") {
+            is(second, "table") || is(second, "tables")
+        } else if is(first, "set") {
+            part.as_bytes()
+                .windows(10)
+                .any(|w| w.eq_ignore_ascii_case(b"autocommit"))
+        } else {
+            false
+        }
+    })
+}
+
+/// `sql` with everything inside quotes, backticks and comments (delimiters
+/// included) blanked out, so that keywords and `;` found in it are code. The
+/// inside of an executable comment (`/*! … */`, `/*M! … */`) is code: the
+/// server runs it. Assumes the default sql_mode (backslash escapes, `"` strings).
+pub fn code_text(sql: &str) -> String {
+    #[derive(PartialEq)]
+    enum In {
+        Code,
+        Quote(u8),
+        LineComment,
+        BlockComment,
+    }
+    let b = sql.as_bytes();
+    let mut mask = b.to_vec();
+    let mut state = In::Code;
+    let mut in_executable_comment = false;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        let mut code = false;
+        match state {
+            In::Code => match c {
+                b'\'' | b'"' | b'`' => state = In::Quote(c),
+                b'#' => state = In::LineComment,
+                // `--` starts a comment only before whitespace or a control character.
+                b'-' if next == Some(b'-')
+                    && b.get(i + 2)
+                        .is_none_or(|c| c.is_ascii_whitespace() || c.is_ascii_control()) =>
+                {
+                    state = In::LineComment
+                }
+                b'/' if next == Some(b'*') => {
+                    let rest = &b[i + 2..];
+                    let opener = if rest.starts_with(b"!") {
+                        Some(1)
+                    } else if rest.len() >= 2 && rest[0].eq_ignore_ascii_case(&b'm') && rest[1] == b'!' {
+                        Some(2)
+                    } else {
+                        None
+                    };
+                    match opener {
+                        Some(n) if !in_executable_comment => {
+                            // Blank `/*!` (or `/*M!`) and the version digits; the rest runs.
+                            let digits = rest[n..].iter().take_while(|c| c.is_ascii_digit()).count();
+                            let end = i + 2 + n + digits;
+                            mask[i..end].fill(b' ');
+                            in_executable_comment = true;
+                            i = end;
+                            continue;
+                        }
+                        _ => {
+                            // The `*` belongs to the opening: `/*/` does not close it.
+                            state = In::BlockComment;
+                            mask[i] = b' ';
+                            i += 1;
+                        }
+                    }
+                }
+                b'*' if next == Some(b'/') && in_executable_comment => {
+                    in_executable_comment = false;
+                    mask[i] = b' ';
+                    i += 1;
+                }
+                _ => code = true,
+            },
+            In::Quote(q) => {
+                if c == b'\\' && q != b'`' {
+                    mask[i] = b' ';
+                    i += 1;
+                } else if c == q {
+                    state = In::Code;
+                }
+            }
+            In::LineComment => {
+                if c == b'\n' {
+                    state = In::Code;
+                }
+            }
+            In::BlockComment => {
+                if c == b'*' && next == Some(b'/') {
+                    state = In::Code;
+                    mask[i] = b' ';
+                    i += 1;
+                }
+            }
+        }
+        if !code {
+            if let Some(m) = mask.get_mut(i) {
+                *m = b' ';
+            }
+        }
+        i += 1;
+    }
+    // Only whole characters were blanked (every byte of one inside a quote or a
+    // comment, none in code), so this is still UTF-8.
+    String::from_utf8_lossy(&mask).into_owned()
+}
+
+/// The code (see [`code_text`]) of each statement of `sql`, split at `;`.
+/// A CREATE/ALTER (procedure, trigger, event) carries its body, which is not
+/// run now: it is one statement, and left out.
+pub fn top_level_statements(code: &str) -> impl Iterator<Item = &str> {
+    let first_word = |s: &str| s.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+    let whole = first_word(code);
+    let parts: Vec<&str> = if whole == "create" || whole == "alter" {
+        vec![code]
+    } else {
+        code.split(';').collect()
+    };
+    parts.into_iter().filter(move |p| {
+        let w = first_word(p);
+        !(w == "create" || w == "alter")
+    })
+}
+
+/// Whether `sql` may leave session state behind for the next request on this
+/// session: session or user variables (`SET`, `@var`), the current database,
+/// temporary tables, user locks (`GET_LOCK`), SQL-level prepared statements,
+/// open HANDLERs, or a procedure that may do any of these. Errs on the side of
+/// a reset: reading a variable counts too.
+pub fn touches_session_state(sql: &str) -> bool {
+    let code = code_text(sql).to_ascii_lowercase();
+    let c = code.as_bytes();
+    // `@name`, not `@@system_variable`.
+    let user_variable =
+        (0..c.len()).any(|i| c[i] == b'@' && c.get(i + 1) != Some(&b'@') && (i == 0 || c[i - 1] != b'@'));
+    user_variable
+        || code.split(';').any(|statement| {
+            let mut words = statement
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| !w.is_empty());
+            let first = words.next();
+            matches!(
+                first,
+                Some(
+                    "set" | "use" | "prepare" | "execute" | "deallocate" | "call" | "handler"
+                    // session locks (LOCK TABLES itself is refused)
+                    | "flush" | "backup" | "lock" | "unlock"
+                    // MariaDB compound statements outside stored programs: their
+                    // inner statements are not at the start of a `;` piece
+                    | "begin" | "if" | "case" | "loop" | "while" | "repeat"
+                )
+            ) || first
+                .into_iter()
+                .chain(words)
+                .any(|w| w == "temporary" || w == "get_lock")
+        })
+}
+
+/// How many `?` parameter markers `sql` holds in code (not in quotes, backticks or
+/// comments). The server counts the same way when it prepares a statement, so a
+/// request can be checked against its parameters before it reaches the driver.
+pub fn placeholders(sql: &str) -> usize {
+    code_text(sql).bytes().filter(|&b| b == b'?').count()
+}
+
+/// A single SELECT that `SET STATEMENT ... FOR` can wrap as is.
+pub fn is_plain_select(sql: &str) -> bool {
+    let s = sql.trim_start();
+    let body = s.trim_end().trim_end_matches(';');
+    s.len() > 7
+        && s.as_bytes()[..6].eq_ignore_ascii_case(b"select")
+        && s.as_bytes()[6].is_ascii_whitespace()
+        && !body.contains(';')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_control_statements() {
+        for sql in [
+            "BEGIN",
+            "begin;",
+            "START TRANSACTION READ ONLY",
+            "LOCK TABLES t WRITE",
+            "unlock tables",
+            "set autocommit=0",
+            "SET @@session.autocommit=0",
+            "SET LOCAL autocommit = 0",
+            "set @@local.AUTOCOMMIT=0",
+            "XA START 'x'",
+            "COMMIT",
+            "rollback",
+            "SELECT 1; SET autocommit=0",
+            "SELECT 1; LOCK TABLES t WRITE",
+            "/*!40000 LOCK TABLES t WRITE */",
+            "/* why */ LOCK TABLES t WRITE",
+            "/*!40000 SET autocommit=0 */",
+        ] {
+            assert!(controls_session(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "set @a = 1",
+            "INSERT INTO begin_t VALUES (1)",
+            "startx transaction",
+            "ROLLBACK TO SAVEPOINT a",
+            "ROLLBACK WORK TO SAVEPOINT a",
+            "SELECT 'x'",
+            "BEGIN NOT ATOMIC SELECT 1; END",
+            "INSERT INTO notes VALUES ('fixed; commit later')",
+            "INSERT INTO notes VALUES (\"a; begin the test\")",
+            "SELECT 1 -- a; commit b",
+            "SELECT 1 /* ; rollback */",
+            "CREATE PROCEDURE p() BEGIN START TRANSACTION; UPDATE t SET a = 1; COMMIT; END",
+            "SELECT * FROM commit_log WHERE lock_id = 1",
+        ] {
+            assert!(!controls_session(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn session_state_statements() {
+        for sql in [
+            "SET @x = 1",
+            "set names utf8mb4",
+            "SET SESSION sql_mode = ''",
+            "set time_zone = '+05:00'",
+            "SELECT @x := 5",
+            "SELECT 1 INTO @v",
+            "SELECT @v",
+            "USE mysql",
+            "CREATE TEMPORARY TABLE t (a INT)",
+            "create or replace temporary table t (a INT)",
+            "DROP TEMPORARY TABLE t",
+            "SELECT GET_LOCK('l', 0)",
+            "select get_lock ( 'l' , 0 )",
+            "PREPARE s FROM 'SELECT 1'",
+            "EXECUTE s",
+            "CALL p()",
+            "SELECT 1; SET @a = 2",
+            "SELECT 1;set @a=2",
+            "  /* hint */ SET @a = 2",
+            "SET STATEMENT max_statement_time=1 FOR SELECT 1",
+            "HANDLER t OPEN",
+            // mysqldump headers: executable comments run
+            "/*!40101 SET time_zone='+05:00' */",
+            "/*!40014 SET FOREIGN_KEY_CHECKS=0 */;",
+            "/*M!100100 SET sql_mode = '' */",
+            // MariaDB compound statements
+            "IF 1 THEN SET time_zone='+05:00'; END IF",
+            "BEGIN NOT ATOMIC SET SESSION sql_mode=''; END",
+            // session locks
+            "FLUSH TABLES WITH READ LOCK",
+            "BACKUP STAGE START",
+            // `--` without a space is arithmetic, not a comment
+            "SELECT 2--1;SET time_zone='+05:00'",
+        ] {
+            assert!(touches_session_state(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "SELECT 'a@b.example'",
+            "SELECT `odd@name` FROM t",
+            "SELECT @@version, @@session.time_zone",
+            "SELECT 1 -- SET @x = 1",
+            "SELECT 1 # USE mysql",
+            "SELECT 1 /*/ ; SET @x = 1 */",
+            "SELECT 'it''s; set @x = 1'",
+            "SELECT 'a\\'; set @x = 1'",
+            "INSERT INTO t VALUES ('set @x', \"get_lock(1)\")",
+            "UPDATE t SET a = 1 WHERE id = ?",
+            "INSERT INTO t SET a = 1",
+            "SELECT temporary_flag, get_lock_count FROM t",
+            "SELECT * FROM users WHERE email = ?",
+        ] {
+            assert!(!touches_session_state(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn placeholder_markers() {
+        assert_eq!(placeholders("SELECT ?"), 1);
+        assert_eq!(placeholders("SELECT ?, ? FROM t WHERE a = ?"), 3);
+        assert_eq!(placeholders("SELECT '?', \"?\", `?` -- ?\n /* ? */ # ?"), 0);
+        assert_eq!(placeholders("SELECT 'it''s ?', ?"), 1);
+        assert_eq!(placeholders("SELECT 'a\\'?', ?"), 1);
+        assert_eq!(placeholders("SELECT /*! ? */ 1"), 1);
+        assert_eq!(placeholders("SELECT 1"), 0);
+    }
+
+    #[test]
+    fn plain_selects() {
+        assert!(is_plain_select("SELECT 1"));
+        assert!(is_plain_select("  select\n* from t;"));
+        assert!(!is_plain_select("SELECT 1; DROP TABLE t"));
+        assert!(!is_plain_select("/* x */ SELECT 1"));
+        assert!(!is_plain_select("SELECTION"));
+        assert!(!is_plain_select("UPDATE t SET a=1"));
+        assert!(!is_plain_select("select"));
+        assert!(!is_plain_select("séléct 1"));
+    }
+}
