@@ -1,24 +1,57 @@
 //! Admin HTTP API (axum): status, pool resize, drain and Prometheus metrics.
 //! Every route wants `Authorization: Bearer <admin_token>`.
+//!
+//! The server is our own accept loop over hyper's HTTP/1 connection, not `axum::serve`,
+//! which has no header-read timeout and no connection cap: request-less connections
+//! to this port once held every file descriptor of the process (issue 9). Each
+//! connection holds a permit of `admin.max_connections` (one more is closed at
+//! accept), must send its request head within `admin.header_read_timeout_ms`, is
+//! closed after `admin.idle_timeout_ms` with no byte moving and no request being
+//! handled, and each request must be answered within `admin.request_timeout_ms`.
 
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+use tracing::debug;
 
+use crate::config;
 use crate::ctx::{constant_time_eq, Ctx};
+use crate::fds::{self, AcceptErrors, FdBudget};
 use crate::pool::{PoolView, SlotView};
 use crate::supervisor::Supervisor;
+
+/// Largest request head plus buffered body bytes hyper keeps per connection, and the
+/// largest request body a route reads: admin requests are a few hundred bytes.
+const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// After the stop signal, a connection gets this long to finish its request.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct AdminState {
     pub ctx: Arc<Ctx>,
     pub supervisor: Arc<Supervisor>,
+    /// The file-descriptor plan: a resize must keep its reserve.
+    pub fds: FdBudget,
 }
 
 #[derive(Serialize)]
@@ -31,6 +64,19 @@ pub struct Status {
     pub slots: Vec<SlotView>,
     pub clients: Clients,
     pub streams: Streams,
+    pub fds: Fds,
+}
+
+#[derive(Serialize)]
+pub struct Fds {
+    /// The soft RLIMIT_NOFILE the dispatcher runs with.
+    pub limit: usize,
+    /// Descriptors kept out of the client cap for workers, respawns and the admin port.
+    pub reserve: usize,
+    pub max_client_connections: usize,
+    /// Descriptors open now.
+    pub open: Option<usize>,
+    pub admin_connections: i64,
 }
 
 #[derive(Serialize)]
@@ -56,6 +102,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/pool/size", post(resize))
         .route("/drain", post(drain))
         .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
 }
@@ -76,7 +123,7 @@ async fn require_token(State(state): State<AdminState>, request: Request, next: 
     }
 }
 
-pub fn status_of(ctx: &Ctx) -> Status {
+pub fn status_of(ctx: &Ctx, budget: &FdBudget) -> Status {
     let (pool, slots) = ctx.pool.view();
     Status {
         version: env!("CARGO_PKG_VERSION"),
@@ -93,11 +140,18 @@ pub fn status_of(ctx: &Ctx) -> Status {
             opened: ctx.metrics.streams_opened.get(),
             closed: ctx.metrics.streams_closed.get(),
         },
+        fds: Fds {
+            limit: budget.limit,
+            reserve: budget.reserve,
+            max_client_connections: budget.max_client_connections,
+            open: fds::open_count(),
+            admin_connections: ctx.metrics.admin_connections.get(),
+        },
     }
 }
 
 async fn status(State(state): State<AdminState>) -> Json<Status> {
-    Json(status_of(&state.ctx))
+    Json(status_of(&state.ctx, &state.fds))
 }
 
 async fn resize(State(state): State<AdminState>, Json(body): Json<Resize>) -> Response {
@@ -106,6 +160,9 @@ async fn resize(State(state): State<AdminState>, Json(body): Json<Resize>) -> Re
     }
     if state.ctx.draining.is_cancelled() {
         return (StatusCode::CONFLICT, "the dispatcher is draining\n").into_response();
+    }
+    if let Err(e) = state.fds.fits(&state.ctx.config, body.size) {
+        return (StatusCode::CONFLICT, format!("pool size {} refused: {e}\n", body.size)).into_response();
     }
     state.supervisor.resize(body.size);
     Json(serde_json::json!({ "size": body.size })).into_response()
@@ -125,4 +182,222 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         state.ctx.metrics.encode(),
     )
         .into_response()
+}
+
+/// Serves the admin API on `listener` until `stop`; then stops accepting and gives open
+/// connections [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve(listener: TcpListener, state: AdminState, stop: CancellationToken) {
+    let cfg = state.ctx.config.admin.clone();
+    let metrics = state.ctx.metrics.clone();
+    let app = router(state);
+    let permits = Arc::new(Semaphore::new(cfg.max_connections));
+    let mut errors = AcceptErrors::new("admin");
+    let mut conns = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.cancelled() => break,
+        };
+        while conns.try_join_next().is_some() {}
+        let (socket, peer) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                errors.failed(&e, &metrics).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            // Closed at once rather than left in the backlog: the peer learns at once,
+            // and the descriptor is back before the next accept.
+            metrics.admin_rejected.inc();
+            debug!(%peer, "admin.max_connections open; closing a new admin connection");
+            continue;
+        };
+        conns.spawn(connection(
+            socket,
+            app.clone(),
+            cfg.clone(),
+            permit,
+            stop.clone(),
+            metrics.clone(),
+        ));
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE * 2, async { while conns.join_next().await.is_some() {} }).await;
+}
+
+async fn connection(
+    socket: TcpStream,
+    app: Router,
+    cfg: config::Admin,
+    _permit: OwnedSemaphorePermit,
+    stop: CancellationToken,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
+    metrics.admin_connections.inc();
+    let _open = scopeguard(move || {
+        metrics.admin_connections.dec();
+    });
+    let _ = socket.set_nodelay(true);
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(Tracked {
+        inner: socket,
+        activity: activity.clone(),
+    });
+    let request_timeout = Duration::from_millis(cfg.request_timeout_ms);
+    let service = hyper::service::service_fn({
+        let activity = activity.clone();
+        move |req: hyper::Request<Incoming>| {
+            let app = app.clone();
+            let busy = activity.busy();
+            async move {
+                let _busy = busy;
+                match tokio::time::timeout(request_timeout, app.oneshot(req)).await {
+                    Ok(Ok(response)) => Ok::<_, Infallible>(response),
+                    Ok(Err(never)) => match never {},
+                    Err(_) => Ok((
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [(header::CONNECTION, "close")],
+                        "admin request not answered within admin.request_timeout_ms\n",
+                    )
+                        .into_response()),
+                }
+            }
+        }
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(cfg.header_read_timeout_ms))
+        .max_buf_size(MAX_REQUEST_BYTES);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let idle = Duration::from_millis(cfg.idle_timeout_ms);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                debug!("admin connection ended: {e}");
+            }
+        }
+        _ = activity.idle_for(idle) => debug!("admin connection idle for admin.idle_timeout_ms; closed"),
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn).await;
+        }
+    }
+}
+
+/// Runs `f` on drop.
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
+
+/// When bytes last moved on a connection, and how many of its requests are being handled.
+struct Activity {
+    base: Instant,
+    last_ms: AtomicU64,
+    busy: AtomicUsize,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            base: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            busy: AtomicUsize::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        self.last_ms
+            .store(self.base.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Held while a request is handled: the request timeout bounds that time, not the
+    /// idle timeout (a handler moves no bytes).
+    fn busy(self: &Arc<Self>) -> impl Drop + Send + 'static {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        let this = self.clone();
+        scopeguard(move || {
+            this.touch();
+            this.busy.fetch_sub(1, Ordering::Relaxed);
+        })
+    }
+
+    /// Completes once no byte has moved for `limit` while no request was being handled.
+    async fn idle_for(&self, limit: Duration) {
+        loop {
+            let since = self
+                .base
+                .elapsed()
+                .saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)));
+            let wait = if self.busy.load(Ordering::Relaxed) > 0 {
+                limit
+            } else if since >= limit {
+                return;
+            } else {
+                limit - since
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// A socket that records in [`Activity`] every read or write that moved bytes.
+struct Tracked {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }

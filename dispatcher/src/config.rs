@@ -26,6 +26,7 @@ pub struct Config {
     pub pool: Pool,
     pub limits: Limits,
     pub timeouts: Timeouts,
+    pub admin: Admin,
     /// The database the workers connect to. Absent: the dispatcher starts a local
     /// MariaDB sandbox (primary + 1 replica) and uses its primary.
     pub backend: Option<Backend>,
@@ -125,8 +126,9 @@ pub struct Limits {
     pub max_streams_per_connection: u32,
     /// Largest frame payload accepted, bytes.
     pub max_payload: usize,
-    /// Client connections held at once; further ones are closed at accept.
-    pub max_client_connections: usize,
+    /// Client connections held at once; further ones are closed at accept. Absent: derived
+    /// from the file-descriptor limit minus the reserve (see [`crate::fds`]).
+    pub max_client_connections: Option<usize>,
     /// Frames queued towards one client before its streams wait (backpressure).
     pub client_write_queue: usize,
     /// A client that does not take our bytes for this long is cut off (slow consumer).
@@ -138,7 +140,7 @@ impl Default for Limits {
         Limits {
             max_streams_per_connection: 1024,
             max_payload: osprey_protocol::DEFAULT_MAX_PAYLOAD,
-            max_client_connections: 20_000,
+            max_client_connections: None,
             client_write_queue: 256,
             client_write_timeout_ms: 30_000,
         }
@@ -171,6 +173,35 @@ impl Default for Timeouts {
             drain_timeout_ms: 30_000,
             cancel_grace_ms: 2_000,
             handshake_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// The admin HTTP server's own limits: it must never hold more than a few file
+/// descriptors, whatever its peers do (see `docs/CONFIG.md`, `[admin]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Admin {
+    /// Admin connections held at once; a further one is accepted and closed at once.
+    pub max_connections: usize,
+    /// A request head must be complete within this of the connection starting to wait for
+    /// it (at accept, or after the previous response on a kept-alive connection).
+    pub header_read_timeout_ms: u64,
+    /// A connection on which no byte moves either way for this long, while no request is
+    /// being handled, is closed (request-less, kept-alive, stalled body, unread response).
+    pub idle_timeout_ms: u64,
+    /// A request (reading its body included) not answered within this gets 503 and the
+    /// connection is closed.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for Admin {
+    fn default() -> Self {
+        Admin {
+            max_connections: 64,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 5_000,
+            request_timeout_ms: 10_000,
         }
     }
 }
@@ -239,10 +270,28 @@ impl Config {
         if self.timeouts.keepalive_timeout_ms <= self.timeouts.keepalive_interval_ms {
             return bad("timeouts.keepalive_timeout_ms must exceed keepalive_interval_ms");
         }
+        if self.limits.max_client_connections == Some(0) {
+            return bad("limits.max_client_connections must be at least 1 (or absent: derived from the file limit)");
+        }
+        if self.admin.max_connections == 0 || self.admin.max_connections > 4096 {
+            return bad("admin.max_connections must be between 1 and 4096");
+        }
+        if self.admin.header_read_timeout_ms == 0
+            || self.admin.idle_timeout_ms == 0
+            || self.admin.request_timeout_ms == 0
+        {
+            return bad("admin.header_read_timeout_ms, idle_timeout_ms and request_timeout_ms must be at least 1");
+        }
         if self.pool.batch_rows == 0 || (self.pool.batch_bytes as usize) >= self.limits.max_payload {
             return bad("pool.batch_rows must be >= 1 and pool.batch_bytes below limits.max_payload");
         }
         Ok(())
+    }
+
+    /// The most slots this config can run at once (fixed size, or the elastic maximum):
+    /// what the file-descriptor reserve is sized for.
+    pub fn max_pool_size(&self) -> usize {
+        self.initial_pool_size().max(self.pool.max.unwrap_or(0))
     }
 
     /// The initial number of slots.

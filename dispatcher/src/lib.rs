@@ -6,6 +6,7 @@ pub mod admin;
 pub mod client_conn;
 pub mod config;
 pub mod ctx;
+pub mod fds;
 pub mod job;
 pub mod listen;
 pub mod metrics;

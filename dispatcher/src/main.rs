@@ -63,6 +63,13 @@ fn main() -> anyhow::Result<()> {
     }
     config.validate()?;
     if args.check_config {
+        // The file limit this process would run with (the soft one raised to the hard one).
+        let limit = osprey_dispatcher::fds::raise_nofile_limit().context("reading RLIMIT_NOFILE")?;
+        let budget = osprey_dispatcher::fds::FdBudget::plan(&config, limit.soft)?;
+        eprintln!(
+            "file limit {}, reserve {}, max_client_connections {}",
+            budget.limit, budget.reserve, budget.max_client_connections
+        );
         println!("config ok");
         return Ok(());
     }

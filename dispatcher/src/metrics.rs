@@ -15,6 +15,11 @@ pub struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub state: &'static str,
 }
@@ -36,6 +41,10 @@ pub struct Metrics {
     pub streams_opened: Counter,
     pub streams_closed: Counter,
     pub streams_open: Gauge,
+    pub admin_connections: Gauge,
+    pub admin_rejected: Counter,
+    pub client_rejected: Counter,
+    pub accept_errors: Family<ListenerLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -63,6 +72,10 @@ impl Metrics {
         let streams_opened = Counter::default();
         let streams_closed = Counter::default();
         let streams_open = Gauge::default();
+        let admin_connections = Gauge::default();
+        let admin_rejected = Counter::default();
+        let client_rejected = Counter::default();
+        let accept_errors = Family::<ListenerLabel, Counter>::default();
         registry.register(
             "requests",
             "Requests by outcome (ok, database_error, error code...)",
@@ -122,6 +135,26 @@ impl Metrics {
             streams_closed.clone(),
         );
         registry.register("streams_open", "Client streams open now", streams_open.clone());
+        registry.register(
+            "admin_connections",
+            "Open admin HTTP connections",
+            admin_connections.clone(),
+        );
+        registry.register(
+            "admin_connections_rejected",
+            "Admin connections closed at accept because admin.max_connections were open",
+            admin_rejected.clone(),
+        );
+        registry.register(
+            "client_connections_rejected",
+            "Client connections closed at accept because max_client_connections were open",
+            client_rejected.clone(),
+        );
+        registry.register(
+            "accept_errors",
+            "Failed accept() calls by listener (EMFILE and the like)",
+            accept_errors.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -139,6 +172,10 @@ impl Metrics {
             streams_opened,
             streams_closed,
             streams_open,
+            admin_connections,
+            admin_rejected,
+            client_rejected,
+            accept_errors,
         }
     }
 
@@ -150,6 +187,10 @@ impl Metrics {
             SlotState::Quitting => "quitting",
         };
         self.slots.get_or_create(&StateLabel { state }).clone()
+    }
+
+    pub fn accept_error(&self, listener: &'static str) {
+        self.accept_errors.get_or_create(&ListenerLabel { listener }).inc();
     }
 
     pub fn outcome(&self, outcome: &'static str) {

@@ -17,6 +17,7 @@ use tracing::{error, info, warn};
 use crate::admin::{self, AdminState};
 use crate::config::{self, Config};
 use crate::ctx::{random_token, Ctx};
+use crate::fds::{self, AcceptErrors, FdBudget};
 use crate::listen;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -33,6 +34,8 @@ pub struct Options {
 pub async fn run(opts: Options) -> anyhow::Result<()> {
     let Options { config, config_path } = opts;
     config.validate()?;
+    // Before anything opens a descriptor or starts a process (children inherit the limit).
+    let fd_budget = fds::start(&config)?;
     let metrics = Arc::new(Metrics::new());
 
     // With no backend configured, bring up a local MariaDB sandbox: the embedded
@@ -119,27 +122,24 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         let state = AdminState {
             ctx: ctx.clone(),
             supervisor: supervisor.clone(),
+            fds: fd_budget,
         };
-        let stop = ctx.abort.clone();
-        async move {
-            let app = admin::router(state);
-            if let Err(e) = axum::serve(admin_listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-            {
-                error!("admin server failed: {e}");
-            }
-        }
+        admin::serve(admin_listener, state, ctx.abort.clone())
     });
     tokio::spawn(accept_workers(ctx.clone(), worker_listener));
-    let clients_task = tokio::spawn(accept_clients(ctx.clone(), client_listener));
-    tokio::spawn(signals(ctx.clone(), supervisor.clone(), config_path));
+    let clients_task = tokio::spawn(accept_clients(
+        ctx.clone(),
+        client_listener,
+        fd_budget.max_client_connections,
+    ));
+    tokio::spawn(signals(ctx.clone(), supervisor.clone(), config_path, fd_budget));
 
     info!(
         client = %config.listen.client,
         admin = %config.listen.admin,
         backend = %format!("{}:{}", backend.host, backend.port),
         slots = initial,
+        max_client_connections = fd_budget.max_client_connections,
         runtime_dir = %dir.display(),
         "osprey dispatcher ready"
     );
@@ -197,15 +197,15 @@ fn tokens(config: &Config, dir: &std::path::Path) -> anyhow::Result<(Vec<String>
     Ok((client_tokens, admin_token))
 }
 
-async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener) {
-    let limit = Arc::new(Semaphore::new(ctx.config.limits.max_client_connections));
+async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener, max_connections: usize) {
+    let limit = Arc::new(Semaphore::new(max_connections));
+    let mut errors = AcceptErrors::new("client");
+    let mut over_cap = fds::LogThrottle::default();
     loop {
         let (socket, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                warn!("accept failed: {e}");
-                sleep(Duration::from_millis(50)).await;
+                errors.failed(&e, &ctx.metrics).await;
                 continue;
             }
         };
@@ -213,26 +213,29 @@ async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener) {
             Ok(permit) => {
                 tokio::spawn(crate::client_conn::serve(ctx.clone(), socket, permit));
             }
-            Err(_) => warn!(%peer, "max_client_connections reached; closing new connection"),
+            Err(_) => {
+                ctx.metrics.client_rejected.inc();
+                if let Some(closed) = over_cap.event() {
+                    warn!(%peer, closed, max_connections, "max_client_connections reached; closing new connections");
+                }
+            }
         }
     }
 }
 
 async fn accept_workers(ctx: Arc<Ctx>, listener: UnixListener) {
+    let mut errors = AcceptErrors::new("worker");
     loop {
         match listener.accept().await {
             Ok((socket, _)) => {
                 tokio::spawn(crate::worker_link::serve(ctx.clone(), socket));
             }
-            Err(e) => {
-                warn!("worker accept failed: {e}");
-                sleep(Duration::from_millis(50)).await;
-            }
+            Err(e) => errors.failed(&e, &ctx.metrics).await,
         }
     }
 }
 
-async fn signals(ctx: Arc<Ctx>, supervisor: Arc<Supervisor>, config_path: Option<PathBuf>) {
+async fn signals(ctx: Arc<Ctx>, supervisor: Arc<Supervisor>, config_path: Option<PathBuf>, fds: FdBudget) {
     let (Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -250,7 +253,7 @@ async fn signals(ctx: Arc<Ctx>, supervisor: Arc<Supervisor>, config_path: Option
                 warn!("SIGQUIT: fast shutdown");
                 abort(&ctx);
             }
-            _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref()),
+            _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref(), &fds),
         }
     }
 }
@@ -274,13 +277,20 @@ fn abort(ctx: &Ctx) {
     ctx.abort.cancel();
 }
 
-/// SIGHUP: re-read the config file and apply the pool size.
-fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path>) {
+/// SIGHUP: re-read the config file and apply the pool size. A file whose client cap
+/// or pool would eat the file-descriptor reserve is refused whole.
+fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path>, fds: &FdBudget) {
     let Some(path) = path else {
         warn!("SIGHUP: no --config file to reload");
         return;
     };
-    match Config::load(path) {
+    let checked = Config::load(path).map_err(anyhow::Error::from).and_then(|new| {
+        FdBudget::plan(&new, fds.limit as u64)?;
+        // The running client cap stays until a restart: the new pool must fit beside it.
+        fds.fits(&new, new.max_pool_size())?;
+        Ok(new)
+    });
+    match checked {
         Ok(new) => {
             let size = new.initial_pool_size();
             if new.pool.min.is_some() != ctx.config.pool.min.is_some() {
@@ -290,8 +300,16 @@ fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path
                 info!(size, "SIGHUP: resizing pool");
                 supervisor.resize(size);
             }
-            if new.backend != ctx.config.backend || new.listen != ctx.config.listen || new.auth != ctx.config.auth {
-                warn!("SIGHUP: backend, listen and auth changes need a restart; ignored");
+            if new.backend != ctx.config.backend
+                || new.listen != ctx.config.listen
+                || new.auth != ctx.config.auth
+                || new.admin != ctx.config.admin
+                || new.limits.max_client_connections != ctx.config.limits.max_client_connections
+            {
+                warn!(
+                    "SIGHUP: backend, listen, auth, admin and limits.max_client_connections changes need a restart; \
+                     ignored"
+                );
             }
         }
         Err(e) => error!("SIGHUP: config not reloaded: {e}"),

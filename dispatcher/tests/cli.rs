@@ -37,6 +37,12 @@ fn check_config_rejects_unknown_keys_and_bad_values() {
             "[timeouts]\nkeepalive_interval_ms = 5000\nkeepalive_timeout_ms = 1000\n",
             "keepalive_timeout_ms",
         ),
+        // More clients than any file limit allows: no descriptors left for workers.
+        (
+            "[limits]\nmax_client_connections = 2000000000\n",
+            "leaves no file descriptors in reserve",
+        ),
+        ("[admin]\nmax_connections = 0\n", "admin.max_connections"),
     ] {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, text).unwrap();

@@ -1,0 +1,343 @@
+//! File descriptors. The soft `RLIMIT_NOFILE` is raised to the hard limit at start, and
+//! a reserve is kept out of the client cap for what the dispatcher itself needs — worker
+//! sockets and processes, respawns, the admin port — so that no number of clients can
+//! make a respawn fail with EMFILE (seen from outside: 20k idle admin connections left a
+//! killed worker unreplaced and new clients without HELLO_ACK).
+//!
+//! ```text
+//! reserve                        = FIXED_MARGIN + admin.max_connections
+//!                                  + PER_SLOT * max(MIN_RESERVED_SLOTS, pool.size, pool.max)
+//! default max_client_connections = RLIMIT_NOFILE - reserve
+//! ```
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// Descriptors for everything that is neither a client, an admin connection nor a slot:
+/// stdio, the three listeners, the runtime's epoll/eventfd/signal pipe, the embedded
+/// sandbox's processes and files, the credentials file, and the one descriptor a
+/// connection over a cap takes between accept and close.
+pub const FIXED_MARGIN: usize = 64;
+/// Per slot: the worker's socket and its process handle (pidfd) while it runs, plus
+/// what a spawn holds for a moment (the exec-error pipe, the stdin pipe, /dev/null),
+/// with room to spare. Measured: 2 per running worker (`docs/OPERATIONS.md`).
+pub const PER_SLOT: usize = 8;
+/// Slots reserved for even when the configured pool is smaller, so that the pool can
+/// be grown live (admin `POST /pool/size`) without lowering the client cap.
+pub const MIN_RESERVED_SLOTS: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FdError {
+    #[error(
+        "limits.max_client_connections = {configured} leaves no file descriptors in reserve: the file limit \
+         (RLIMIT_NOFILE) is {limit} and the dispatcher keeps {reserve} for itself ({FIXED_MARGIN} + \
+         admin.max_connections {admin} + {PER_SLOT} x {slots} slots), so at most {max} client connections fit; \
+         lower it, raise the hard limit (systemd LimitNOFILE=, ulimit -Hn), or leave it out to derive it"
+    )]
+    NoReserve {
+        configured: usize,
+        limit: usize,
+        reserve: usize,
+        admin: usize,
+        slots: usize,
+        max: usize,
+    },
+    #[error(
+        "the file limit (RLIMIT_NOFILE) {limit} is below the dispatcher's own reserve of {reserve} \
+         ({FIXED_MARGIN} + admin.max_connections {admin} + {PER_SLOT} x {slots} slots): no client could \
+         connect; raise the hard limit (systemd LimitNOFILE=, ulimit -Hn) or shrink the pool"
+    )]
+    LimitTooLow {
+        limit: usize,
+        reserve: usize,
+        admin: usize,
+        slots: usize,
+    },
+}
+
+/// The soft and hard `RLIMIT_NOFILE`, before and after [`raise_nofile_limit`].
+#[derive(Debug, Clone, Copy)]
+pub struct NofileLimit {
+    pub soft_before: u64,
+    pub hard: u64,
+    pub soft: u64,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (an unlimited hard limit is capped
+/// at `fs.nr_open`, above which the kernel refuses). A failure leaves the soft limit as
+/// it was and is returned in `soft`.
+pub fn raise_nofile_limit() -> io::Result<NofileLimit> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let soft_before = lim.rlim_cur;
+    let mut target = lim.rlim_max;
+    if target == libc::RLIM_INFINITY {
+        target = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1 << 20);
+    }
+    let mut soft = soft_before;
+    if target > lim.rlim_cur {
+        let new = libc::rlimit {
+            rlim_cur: target,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
+            soft = target;
+        } else {
+            warn!(
+                "cannot raise the soft file limit from {soft_before} to {target}: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(NofileLimit {
+        soft_before,
+        hard: lim.rlim_max,
+        soft,
+    })
+}
+
+/// The file-descriptor plan the dispatcher runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FdBudget {
+    /// The soft `RLIMIT_NOFILE` (after raising it).
+    pub limit: usize,
+    /// Descriptors kept out of the client cap (see the module docs).
+    pub reserve: usize,
+    /// Client connections held at once.
+    pub max_client_connections: usize,
+}
+
+/// Slots the reserve is sized for when the pool may hold `slots`.
+fn reserved_slots(slots: usize) -> usize {
+    slots.max(MIN_RESERVED_SLOTS)
+}
+
+/// The reserve for `config` with a pool of up to `slots` slots.
+pub fn reserve_for(config: &Config, slots: usize) -> usize {
+    FIXED_MARGIN + config.admin.max_connections + PER_SLOT * reserved_slots(slots)
+}
+
+impl FdBudget {
+    /// The budget of `config` under a file limit of `limit`: the client cap is the
+    /// configured one if it leaves the reserve, else an error; absent, the limit minus
+    /// the reserve.
+    pub fn plan(config: &Config, limit: u64) -> Result<FdBudget, FdError> {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let slots = config.max_pool_size();
+        let reserve = reserve_for(config, slots);
+        let room = limit.saturating_sub(reserve);
+        if room == 0 {
+            return Err(FdError::LimitTooLow {
+                limit,
+                reserve,
+                admin: config.admin.max_connections,
+                slots: reserved_slots(slots),
+            });
+        }
+        let max_client_connections = match config.limits.max_client_connections {
+            None => room,
+            Some(c) if c <= room => c,
+            Some(c) => {
+                return Err(FdError::NoReserve {
+                    configured: c,
+                    limit,
+                    reserve,
+                    admin: config.admin.max_connections,
+                    slots: reserved_slots(slots),
+                    max: room,
+                })
+            }
+        };
+        Ok(FdBudget {
+            limit,
+            reserve,
+            max_client_connections,
+        })
+    }
+
+    /// Whether a pool of `slots` slots still keeps its reserve beside this budget's
+    /// client cap (a live resize, or a SIGHUP reload that keeps the running client cap).
+    pub fn fits(&self, config: &Config, slots: usize) -> Result<(), FdError> {
+        let reserve = reserve_for(config, slots);
+        if self.max_client_connections + reserve <= self.limit {
+            return Ok(());
+        }
+        Err(FdError::NoReserve {
+            configured: self.max_client_connections,
+            limit: self.limit,
+            reserve,
+            admin: config.admin.max_connections,
+            slots: reserved_slots(slots),
+            max: self.limit.saturating_sub(reserve),
+        })
+    }
+}
+
+/// Descriptors this process holds now (entries of `/proc/self/fd`, less the one the
+/// listing itself opens).
+pub fn open_count() -> Option<usize> {
+    let n = std::fs::read_dir("/proc/self/fd").ok()?.count();
+    Some(n.saturating_sub(1))
+}
+
+/// Pause after an accept() that failed for lack of a resource: the pending connection
+/// stays in the backlog, so retrying at once fails the same way at full CPU.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Lets a log line through at most once a second, counting the events in between: a
+/// flood must not turn into a flood of log lines.
+#[derive(Default)]
+pub struct LogThrottle {
+    last: Option<Instant>,
+    events: u64,
+}
+
+impl LogThrottle {
+    /// Counts one event; `Some(events since the last line)` when a line may be logged now.
+    pub fn event(&mut self) -> Option<u64> {
+        self.events += 1;
+        if self.last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return None;
+        }
+        self.last = Some(Instant::now());
+        Some(std::mem::take(&mut self.events))
+    }
+}
+
+/// What an accept loop does when accept() fails: EMFILE, ENFILE, ENOBUFS and ENOMEM
+/// pause for [`ACCEPT_BACKOFF`] and go on; an error that concerns only the one
+/// connection (ECONNABORTED, a reset before accept) goes on at once. Either is counted
+/// in `osprey_accept_errors_total{listener}` and logged at most once a second. The loop
+/// never ends on an error.
+pub struct AcceptErrors {
+    listener: &'static str,
+    log: LogThrottle,
+}
+
+impl AcceptErrors {
+    pub fn new(listener: &'static str) -> AcceptErrors {
+        AcceptErrors {
+            listener,
+            log: LogThrottle::default(),
+        }
+    }
+
+    pub async fn failed(&mut self, e: &io::Error, metrics: &Metrics) {
+        metrics.accept_error(self.listener);
+        let exhausted = matches!(
+            e.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+        );
+        if let Some(failures) = self.log.event() {
+            warn!(
+                listener = self.listener,
+                failures,
+                "accept failed: {e}{}",
+                if exhausted {
+                    "; pausing before the next accept"
+                } else {
+                    ""
+                }
+            );
+        }
+        if exhausted {
+            tokio::time::sleep(ACCEPT_BACKOFF).await;
+        }
+    }
+}
+
+/// Raises the soft file limit, logs both limits, and plans the budget for `config`.
+pub fn start(config: &Config) -> anyhow::Result<FdBudget> {
+    let limit = match raise_nofile_limit() {
+        Ok(l) => {
+            info!(
+                soft_before = l.soft_before,
+                hard = l.hard,
+                soft = l.soft,
+                "file limit (RLIMIT_NOFILE)"
+            );
+            l.soft
+        }
+        Err(e) => anyhow::bail!("cannot read the file limit (RLIMIT_NOFILE): {e}"),
+    };
+    let budget = FdBudget::plan(config, limit)?;
+    info!(
+        limit = budget.limit,
+        reserve = budget.reserve,
+        max_client_connections = budget.max_client_connections,
+        derived = config.limits.max_client_connections.is_none(),
+        "file descriptors planned"
+    );
+    Ok(budget)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml: &str) -> Config {
+        let c: Config = toml::from_str(toml).unwrap();
+        c.validate().unwrap();
+        c
+    }
+
+    #[test]
+    fn default_cap_is_the_limit_minus_the_reserve() {
+        let c = config("");
+        let b = FdBudget::plan(&c, 20_000).unwrap();
+        // 64 + 64 admin + 8 x max(64, 4) slots.
+        assert_eq!(b.reserve, 64 + 64 + 8 * 64);
+        assert_eq!(b.max_client_connections, 20_000 - 640);
+        // A bigger pool grows the reserve.
+        let c = config("[pool]\nsize = 200\n");
+        let b = FdBudget::plan(&c, 20_000).unwrap();
+        assert_eq!(b.reserve, 64 + 64 + 8 * 200);
+        let c = config("[pool]\nmin = 2\nmax = 100\n[admin]\nmax_connections = 10\n");
+        assert_eq!(FdBudget::plan(&c, 20_000).unwrap().reserve, 64 + 10 + 800);
+    }
+
+    #[test]
+    fn a_cap_that_leaves_no_reserve_is_refused() {
+        // Today's default on these machines: soft = hard = 20 000 and 20 000 clients.
+        let c = config("[limits]\nmax_client_connections = 20000\n");
+        let e = FdBudget::plan(&c, 20_000).unwrap_err().to_string();
+        assert!(
+            e.contains("max_client_connections = 20000") && e.contains("at most 19360"),
+            "{e}"
+        );
+        let c = config("[limits]\nmax_client_connections = 19360\n");
+        assert_eq!(FdBudget::plan(&c, 20_000).unwrap().max_client_connections, 19_360);
+        let e = FdBudget::plan(&config(""), 640).unwrap_err().to_string();
+        assert!(e.contains("below the dispatcher's own reserve of 640"), "{e}");
+    }
+
+    #[test]
+    fn resizing_keeps_the_reserve() {
+        let c = config("");
+        let b = FdBudget::plan(&c, 1024).unwrap();
+        assert_eq!(b.max_client_connections, 1024 - 640);
+        b.fits(&c, 64).unwrap();
+        assert!(b.fits(&c, 65).is_err());
+        let c2 = config("[limits]\nmax_client_connections = 100\n");
+        let b = FdBudget::plan(&c2, 1024).unwrap();
+        // (1024 - 100 - 128) / 8 = 99 slots.
+        b.fits(&c2, 99).unwrap();
+        assert!(b.fits(&c2, 100).is_err());
+    }
+}
