@@ -64,6 +64,8 @@ pub struct Dispatcher {
     pub config_path: PathBuf,
     pub runtime_dir: tempfile::TempDir,
     config: toml::Table,
+    /// RLIMIT_NOFILE (soft and hard) set for the dispatcher process, if any.
+    nofile: Option<u64>,
 }
 
 impl Dispatcher {
@@ -129,8 +131,21 @@ database = "{db}"
             .unwrap_or(4) as usize
     }
 
+    /// Like [`Dispatcher::start_with`], with the dispatcher's soft and hard RLIMIT_NOFILE
+    /// set to `nofile` (its workers inherit it): file-descriptor exhaustion made cheap.
+    pub async fn start_with_nofile(config: toml::Table, nofile: u64) -> anyhow::Result<Dispatcher> {
+        let d = Dispatcher::spawn_with_nofile(config, Some(nofile))?;
+        d.wait_idle(d.pool_size(), Duration::from_secs(30)).await?;
+        Ok(d)
+    }
+
     /// Writes the config and spawns the dispatcher, without waiting for its workers.
     pub fn spawn_with(config: toml::Table) -> anyhow::Result<Dispatcher> {
+        Dispatcher::spawn_with_nofile(config, None)
+    }
+
+    /// [`Dispatcher::spawn_with`], optionally with RLIMIT_NOFILE set to `nofile`.
+    pub fn spawn_with_nofile(config: toml::Table, nofile: Option<u64>) -> anyhow::Result<Dispatcher> {
         let runtime_dir = tempfile::Builder::new().prefix("osprey-test-").tempdir()?;
         let config_path = runtime_dir.path().join("osprey.toml");
         let mut config = config;
@@ -164,13 +179,31 @@ database = "{db}"
             config_path,
             runtime_dir,
             config,
+            nofile,
         };
         d.spawn()?;
         Ok(d)
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
-        let child = Command::new(bin_dir().join("osprey-dispatcher"))
+        let mut cmd = Command::new(bin_dir().join("osprey-dispatcher"));
+        if let Some(n) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n as libc::rlim_t,
+                        rlim_max: n as libc::rlim_t,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .arg("--config")
             .arg(&self.config_path)
             .env(
