@@ -40,8 +40,11 @@ use crate::fds::{self, AcceptErrors, FdBudget};
 use crate::pool::{PoolView, SlotView};
 use crate::supervisor::Supervisor;
 
-/// Largest request head plus buffered body bytes hyper keeps per connection, and the
-/// largest request body a route reads: admin requests are a few hundred bytes.
+/// Largest request head (start line and headers): admin requests are a few hundred
+/// bytes. A larger head gets 431 and the connection is closed.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Largest read buffer hyper keeps per connection, and the largest request body a route
+/// reads (larger: 413).
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// After the stop signal, a connection gets this long to finish its request.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
@@ -269,6 +272,7 @@ async fn connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(cfg.header_read_timeout_ms))
+        .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_REQUEST_BYTES);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);

@@ -277,6 +277,19 @@ async fn admin_flood_leaves_clients_respawns_and_status_working() {
         "respawned worker {new} not registered: {pids:?}"
     );
     client.query("SELECT 2", &[]).await.expect("query after the flood");
+
+    // A request head over 16 KiB is refused (431) rather than buffered.
+    let mut big = TcpStream::connect(d.admin_addr).await.expect("connect");
+    let head = format!(
+        "GET /status HTTP/1.1\r\nHost: osprey\r\nAuthorization: Bearer {}\r\nX-Big: {}\r\n\r\n",
+        d.admin_token,
+        "a".repeat(20_000)
+    );
+    let _ = big.write_all(head.as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(MARGIN, big.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "a 20 KB head got {answer:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
