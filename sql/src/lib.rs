@@ -198,6 +198,22 @@ pub fn placeholders(sql: &str) -> usize {
     code_text(sql).bytes().filter(|&b| b == b'?').count()
 }
 
+/// Whether a top-level statement of `sql` is `LOAD DATA|XML ... LOCAL INFILE`: the
+/// server would then ask the client for a file of its own. Executable comments count
+/// as code, as everywhere here.
+pub fn loads_local_file(sql: &str) -> bool {
+    let code = code_text(sql);
+    code.split(';').any(|statement| {
+        let mut words = statement
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty());
+        words.next().is_some_and(|w| w.eq_ignore_ascii_case("load"))
+            && words
+                .take_while(|w| !w.eq_ignore_ascii_case("infile"))
+                .any(|w| w.eq_ignore_ascii_case("local"))
+    })
+}
+
 /// A single SELECT that `SET STATEMENT ... FOR` can wrap as is.
 pub fn is_plain_select(sql: &str) -> bool {
     let s = sql.trim_start();
@@ -323,6 +339,29 @@ mod tests {
         assert_eq!(placeholders("SELECT 'a\\'?', ?"), 1);
         assert_eq!(placeholders("SELECT /*! ? */ 1"), 1);
         assert_eq!(placeholders("SELECT 1"), 0);
+    }
+
+    #[test]
+    fn local_infile() {
+        for sql in [
+            "LOAD DATA LOCAL INFILE '/etc/passwd' INTO TABLE t",
+            "load data low_priority local infile 'x' into table t",
+            "LOAD XML CONCURRENT LOCAL INFILE 'x' INTO TABLE t",
+            "SELECT 1; LOAD DATA LOCAL INFILE 'x' INTO TABLE t",
+            "/*!50000 LOAD DATA LOCAL INFILE 'x' INTO TABLE t */",
+            "  LOAD\nDATA\tLOCAL INFILE 'x' INTO TABLE t",
+        ] {
+            assert!(loads_local_file(sql), "{sql}");
+        }
+        for sql in [
+            "LOAD DATA INFILE '/tmp/x' INTO TABLE local",
+            "SELECT 'LOAD DATA LOCAL INFILE'",
+            "SELECT 1 -- ; LOAD DATA LOCAL INFILE 'x' INTO TABLE t",
+            "INSERT INTO t VALUES ('load', 'local')",
+            "SELECT local FROM load_data",
+        ] {
+            assert!(!loads_local_file(sql), "{sql}");
+        }
     }
 
     #[test]

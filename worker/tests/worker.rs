@@ -937,3 +937,212 @@ async fn session_reset_always_clears_state_the_scan_cannot_see() {
         );
     }
 }
+
+/// Asserts an `INVALID_REQUEST` from the worker with the given `dispatched`.
+fn assert_refused(r: &Response, dispatched: bool, what: &str) {
+    let e = r
+        .error
+        .as_ref()
+        .unwrap_or_else(|| panic!("{what}: expected INVALID_REQUEST, got success"));
+    assert_eq!(
+        (e.origin, e.code, e.dispatched),
+        (Origin::Worker, ErrorCode::InvalidRequest, dispatched),
+        "{what}: {e:?}"
+    );
+    assert_eq!(r.end, End::default(), "{what}");
+}
+
+async fn connection_id(w: &mut Worker, stream: u32) -> u64 {
+    let r = w.ok(stream, &Request::sql("SELECT CONNECTION_ID()")).await;
+    match r.rows[0][0][0] {
+        Value::Int(i) => i as u64,
+        Value::UInt(u) => u,
+        ref other => panic!("CONNECTION_ID() = {other:?}"),
+    }
+}
+
+fn batch(statements: Vec<(&str, Vec<Value>)>) -> Request {
+    Request {
+        batch: statements
+            .into_iter()
+            .map(|(sql, params)| Statement {
+                sql: sql.into(),
+                params,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Issue 9 item 1: every request the driver would refuse itself (and then close its
+/// connection), or the server would answer by closing the session, is refused with
+/// INVALID_REQUEST before it is sent; the worker keeps its one session throughout.
+#[tokio::test]
+async fn malformed_requests_keep_the_session() {
+    const MAX_PACKET: usize = 1024 * 1024;
+    let sandbox = Sandbox::builder()
+        .server_arg(format!("--max-allowed-packet={MAX_PACKET}"))
+        .start()
+        .await
+        .unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+    let id = u64::from(ready.db_connection_id);
+    w.ok(1, &Request::sql("CREATE TABLE t_m (id INT PRIMARY KEY) ENGINE=InnoDB"))
+        .await;
+    let int = |n: i64| Value::Int(n);
+    let mut stream = 10;
+    let mut next = || {
+        stream += 1;
+        stream
+    };
+
+    let single: Vec<(&str, Request)> = vec![
+        ("too many params", with_params("SELECT ?", vec![int(1), int(2)])),
+        ("too few params", with_params("SELECT ?, ?", vec![int(1)])),
+        ("a marker, no params", Request::sql("SELECT ?")),
+        ("a marker in a multi-statement text", Request::sql("SELECT 1; SELECT ?")),
+        (
+            "65 535 params for one marker",
+            with_params("SELECT ?", vec![Value::Null; 65_535]),
+        ),
+        ("over 65 535 params", with_params("SELECT ?", vec![Value::Null; 65_536])),
+        ("named parameter", with_params("SELECT :a", vec![int(1)])),
+        ("named and positional", with_params("SELECT :a, ?", vec![int(1)])),
+        (
+            "LOCAL INFILE",
+            Request::sql("LOAD DATA LOCAL INFILE '/etc/hostname' INTO TABLE t_m"),
+        ),
+        (
+            "LOCAL INFILE in an executable comment",
+            Request::sql("/*!LOAD DATA LOCAL INFILE '/etc/hostname' INTO TABLE t_m */"),
+        ),
+        (
+            "SQL text over max_allowed_packet",
+            Request::sql(format!("SELECT '{}'", "x".repeat(MAX_PACKET))),
+        ),
+        (
+            "COM_QUERY of exactly max_allowed_packet",
+            Request::sql(format!("SELECT '{}'", "x".repeat(MAX_PACKET - 1 - 9))),
+        ),
+        (
+            "params over max_allowed_packet",
+            with_params("SELECT LENGTH(?)", vec![Value::Bytes(vec![7; MAX_PACKET])]),
+        ),
+        // Where the server counts differently from the text scan: the prepared count decides.
+        (
+            "a marker the server skips",
+            with_params("SELECT /*M!999999 ?, */ ?", vec![int(1), int(2)]),
+        ),
+        (
+            "a Date with month 13",
+            with_params("SELECT ?", vec![Value::date(2024, 13, 1, 0, 0, 0, 0)]),
+        ),
+        (
+            "a Date with day 32",
+            with_params("SELECT ?", vec![Value::date(2024, 1, 32, 0, 0, 0, 0)]),
+        ),
+        (
+            "February 30",
+            with_params("SELECT ?", vec![Value::date(2024, 2, 30, 0, 0, 0, 0)]),
+        ),
+        (
+            "a Time out of range",
+            with_params("SELECT ?", vec![Value::time(false, 35, 0, 0, 0, 0)]),
+        ),
+        (
+            "a Time with minute 60",
+            with_params("SELECT ?", vec![Value::time(false, 0, 1, 60, 0, 0)]),
+        ),
+        (
+            "a Decimal \"abc\"",
+            with_params("SELECT ?", vec![Value::Decimal("abc".into())]),
+        ),
+        (
+            "a Bit of 72 bits",
+            with_params("SELECT ?", vec![Value::Bit(vec![1; 9])]),
+        ),
+    ];
+    for (what, req) in &single {
+        let r = w.request(next(), req).await;
+        assert_refused(&r, false, what);
+    }
+    // One byte less than max_allowed_packet goes through.
+    let sql = format!("SELECT LENGTH('{}')", "x".repeat(MAX_PACKET - 19));
+    assert_eq!(1 + sql.len(), MAX_PACKET - 1);
+    let r = w.ok(next(), &Request::sql(sql)).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int((MAX_PACKET - 19) as i64)]]);
+
+    // In a batch: refused before anything runs (dispatched false) ...
+    let batches: Vec<(&str, Request)> = vec![
+        (
+            "batch: too many params",
+            batch(vec![
+                ("INSERT INTO t_m VALUES (1)", vec![]),
+                ("SELECT ?", vec![int(1), int(2)]),
+            ]),
+        ),
+        (
+            "batch: a marker, no params",
+            batch(vec![
+                ("INSERT INTO t_m VALUES (1)", vec![]),
+                ("INSERT INTO t_m VALUES (?)", vec![]),
+            ]),
+        ),
+        (
+            "batch: named parameter",
+            batch(vec![
+                ("INSERT INTO t_m VALUES (1)", vec![]),
+                ("SELECT :b", vec![int(1)]),
+            ]),
+        ),
+        (
+            "batch: LOCAL INFILE",
+            batch(vec![
+                ("INSERT INTO t_m VALUES (1)", vec![]),
+                ("LOAD DATA LOCAL INFILE '/etc/hostname' INTO TABLE t_m", vec![]),
+            ]),
+        ),
+        (
+            "batch: over 65 535 params",
+            batch(vec![
+                ("INSERT INTO t_m VALUES (1)", vec![]),
+                ("SELECT ?", vec![Value::Null; 70_000]),
+            ]),
+        ),
+        (
+            "batch: bad Date",
+            batch(vec![
+                ("INSERT INTO t_m VALUES (1)", vec![]),
+                ("SELECT ?", vec![Value::date(2024, 0, 40, 0, 0, 0, 0)]),
+            ]),
+        ),
+    ];
+    for (what, req) in &batches {
+        let r = w.request(next(), req).await;
+        assert_refused(&r, false, what);
+    }
+    // ... except where only the server's own count finds it: the earlier statements had
+    // run, and were rolled back.
+    let r = w
+        .request(
+            next(),
+            &batch(vec![
+                ("INSERT INTO t_m VALUES (1)", vec![]),
+                ("SELECT /*M!999999 ?, */ ?", vec![int(1), int(2)]),
+            ]),
+        )
+        .await;
+    assert_refused(&r, true, "batch: a marker the server skips");
+    let r = w.ok(next(), &Request::sql("SELECT COUNT(*) FROM t_m")).await;
+    assert_eq!(
+        r.rows[0],
+        vec![vec![Value::Int(0)]],
+        "nothing of the refused batches stayed"
+    );
+
+    // The same session all along, and the worker still serves.
+    assert_eq!(connection_id(&mut w, next()).await, id);
+    assert!(w.child.try_wait().unwrap().is_none(), "the worker exited");
+    let r = w.ok(next(), &with_params("SELECT ? + 1", vec![int(41)])).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(42)]]);
+}
