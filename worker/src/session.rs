@@ -90,16 +90,42 @@ pub struct Killer {
 }
 
 impl Killer {
-    pub async fn kill_query(&self) -> Result<(), mysql_async::Error> {
+    /// Sends one `KILL QUERY` on `side` (opened first if `None`; dropped again on an
+    /// error, so the next call opens a fresh one), within `timeout`.
+    pub async fn kill_query(&self, side: &mut Option<Conn>) -> Result<(), mysql_async::Error> {
         let work = async {
-            let mut side = Conn::new(self.opts.clone()).await?;
-            let r = side.query_drop(format!("KILL QUERY {}", self.conn_id)).await;
-            let _ = side.disconnect().await;
-            r
+            if side.is_none() {
+                *side = Some(Conn::new(self.opts.clone()).await?);
+            }
+            match side.as_mut() {
+                Some(conn) => conn.query_drop(format!("KILL QUERY {}", self.conn_id)).await,
+                None => Ok(()),
+            }
         };
-        match tokio::time::timeout(self.timeout, work).await {
+        let r = match tokio::time::timeout(self.timeout, work).await {
             Ok(r) => r,
             Err(_) => Err(mysql_async::Error::Other("KILL QUERY timed out".into())),
+        };
+        if r.is_err() {
+            *side = None;
+        }
+        r
+    }
+}
+
+impl Killer {
+    /// The session's `COMMAND` in the processlist (`Query`, `Execute`, `Sleep`, or `Killed`
+    /// once a kill is pending), with its state and statement, for the log; `None` if the
+    /// side connection cannot tell.
+    pub async fn command(&self, side: &mut Option<Conn>) -> Option<(String, String)> {
+        let conn = side.as_mut()?;
+        let sql = "SELECT COMMAND, CONCAT_WS(' / ', STATE, TIME_MS, LEFT(INFO, 60)) \
+                   FROM information_schema.PROCESSLIST WHERE ID = ?";
+        let work = conn.exec_first::<(String, Option<String>), _, _>(sql, (self.conn_id,));
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(Ok(Some((command, detail)))) => Some((command, detail.unwrap_or_default())),
+            Ok(Ok(None)) => Some(("gone".into(), String::new())),
+            _ => None,
         }
     }
 }

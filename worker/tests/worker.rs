@@ -1146,3 +1146,32 @@ async fn malformed_requests_keep_the_session() {
     let r = w.ok(next(), &with_params("SELECT ? + 1", vec![int(41)])).await;
     assert_eq!(r.rows[0], vec![vec![Value::Int(42)]]);
 }
+
+/// Issue 9 item 7: a CANCEL 0–20 ms after the request, when the statement may not have
+/// started on the server yet (a `KILL QUERY` is then lost), still stops it at once.
+#[tokio::test]
+async fn early_cancels_stop_the_statement() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, _) = start_worker(settings(&sandbox)).await;
+    let mut slowest = Duration::ZERO;
+    for n in 0..100u32 {
+        let stream = n + 1;
+        w.send(Frame::new(Kind::Request, stream, &Request::sql("SELECT SLEEP(3)")))
+            .await;
+        // A spread of delays over 0-20 ms, the same on every run.
+        let delay = Duration::from_micros(u64::from(n * 7919 % 20_000));
+        tokio::time::sleep(delay).await;
+        w.send(Frame::new(Kind::Cancel, stream, &Cancel::default())).await;
+        let t = Instant::now();
+        let r = w.response(stream).await;
+        let took = t.elapsed();
+        let e = r.error.expect("cancelled");
+        assert_eq!(e.code, ErrorCode::Cancelled, "cancel {n} after {delay:?}: {e:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "cancel {n} after {delay:?} took {took:?}"
+        );
+        slowest = slowest.max(took);
+    }
+    println!("early cancels: slowest CANCEL -> END {slowest:?}");
+}

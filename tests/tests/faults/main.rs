@@ -17,6 +17,7 @@ mod database;
 mod flow_control;
 mod hangs;
 mod keepalive;
+mod malformed;
 mod raw;
 mod slow_client;
 mod stream_ids;
