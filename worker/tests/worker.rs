@@ -1175,3 +1175,98 @@ async fn early_cancels_stop_the_statement() {
     }
     println!("early cancels: slowest CANCEL -> END {slowest:?}");
 }
+
+/// Issue 9 item 5: what the server sees of each parameter kind (docs/PROTOCOL.md section 6,
+/// "Parameters"), and BIT values of every width stored and read back unchanged.
+#[tokio::test]
+async fn parameters_bind_as_documented() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, _) = start_worker(settings(&sandbox)).await;
+    let one = |r: &Response| r.rows[0][0][0].clone();
+
+    // Bytes bind as a string in the connection's character set ...
+    let r = w
+        .ok(1, &with_params("SELECT CHARSET(?)", vec![Value::Bytes(vec![0xff, 0])]))
+        .await;
+    assert_eq!(one(&r), Value::Text("utf8mb4".into()));
+    // ... and reach a binary column byte for byte, and compare as binary with BINARY.
+    w.ok(2, &Request::sql("CREATE TABLE t_bin (b VARBINARY(8))")).await;
+    w.ok(3, &with_params("INSERT INTO t_bin VALUES (?)", vec![Value::Bytes(vec![0xff, 0, 0x80])]))
+        .await;
+    let r = w.ok(4, &Request::sql("SELECT b FROM t_bin")).await;
+    assert_eq!(one(&r), Value::Bytes(vec![0xff, 0, 0x80]));
+    let r = w
+        .ok(5, &with_params("SELECT CHARSET(BINARY ?)", vec![Value::Bytes(vec![1])]))
+        .await;
+    assert_eq!(one(&r), Value::Text("binary".into()));
+
+    // Decimal binds as its text: exact into a DECIMAL column or through CAST, a double in
+    // arithmetic on the bare parameter.
+    let r = w
+        .ok(6, &with_params("SELECT ? + 0.1", vec![Value::Decimal("0.2".into())]))
+        .await;
+    assert_eq!(one(&r), Value::Double(0.30000000000000004));
+    let r = w
+        .ok(
+            7,
+            &with_params("SELECT CAST(? AS DECIMAL(10,2)) + 0.1", vec![Value::Decimal("0.2".into())]),
+        )
+        .await;
+    assert_eq!(one(&r), Value::Decimal("0.30".into()));
+
+    // FLOAT: the text protocol (no params) prints 6 digits, the binary one is exact.
+    w.ok(8, &Request::sql("CREATE TABLE t_f (f FLOAT)")).await;
+    w.ok(9, &with_params("INSERT INTO t_f VALUES (?)", vec![Value::Float(3.1415927)]))
+        .await;
+    let text = w.ok(10, &Request::sql("SELECT f FROM t_f")).await;
+    assert_eq!(one(&text), Value::Float(3.14159));
+    let binary = w
+        .ok(11, &with_params("SELECT f FROM t_f WHERE ? = 1", vec![Value::Int(1)]))
+        .await;
+    assert_eq!(one(&binary), Value::Float(3.1415927));
+
+    // BIT(1) .. BIT(64): the highest and lowest bit of each width, sent as the column's
+    // bytes and with leading zero bytes, come back as the column's bytes.
+    let cols: Vec<String> = (1..=64).map(|n| format!("b{n} BIT({n})")).collect();
+    w.ok(12, &Request::sql(format!("CREATE TABLE t_bits (id INT, {})", cols.join(", "))))
+        .await;
+    let width_bytes = |n: u32| n.div_ceil(8) as usize;
+    let value = |n: u32| -> Vec<u8> {
+        let v: u64 = if n == 1 { 1 } else { (1u64 << (n - 1)) | 1 };
+        v.to_be_bytes()[8 - width_bytes(n)..].to_vec()
+    };
+    let marks = vec!["?"; 65].join(",");
+    let mut exact = vec![Value::Int(1)];
+    let mut padded = vec![Value::Int(2)];
+    for n in 1..=64 {
+        exact.push(Value::Bit(value(n)));
+        let mut p = vec![0u8; 10 - width_bytes(n)];
+        p.extend(value(n));
+        padded.push(Value::Bit(p));
+    }
+    let insert = format!("INSERT INTO t_bits VALUES ({marks})");
+    w.ok(13, &with_params(&insert, exact.clone())).await;
+    w.ok(14, &with_params(&insert, padded)).await;
+    let text = w.ok(15, &Request::sql("SELECT * FROM t_bits ORDER BY id")).await;
+    let binary = w
+        .ok(16, &with_params("SELECT * FROM t_bits WHERE id > ? ORDER BY id", vec![Value::Int(0)]))
+        .await;
+    for r in [&text, &binary] {
+        assert_eq!(r.rows[0][0][1..], exact[1..], "exact-width BITs");
+        assert_eq!(r.rows[0][1][1..], exact[1..], "zero-padded BITs");
+    }
+    // A Bit compares as the number its bits spell, whatever its byte count.
+    let r = w
+        .ok(
+            17,
+            &with_params(
+                "SELECT COUNT(*) FROM t_bits WHERE b64 = ?",
+                vec![Value::Bit([vec![0, 0], value(64)].concat())],
+            ),
+        )
+        .await;
+    assert_eq!(one(&r), Value::Int(2));
+    // As an expression it is the integer it spells (no parameter type is BIT).
+    let r = w.ok(18, &with_params("SELECT ?", vec![Value::Bit(vec![0x80])])).await;
+    assert_eq!(one(&r), Value::UInt(128));
+}
