@@ -214,6 +214,28 @@ pub fn loads_local_file(sql: &str) -> bool {
     })
 }
 
+/// Whether a top-level statement of `sql` is a `KILL` that ends sessions rather than a
+/// statement: `KILL [HARD|SOFT] [CONNECTION] id`, `KILL ... USER name`. All of a pool's
+/// sessions belong to one database user, who may kill any of them; `KILL [HARD|SOFT]
+/// QUERY ...` only stops a statement and is not counted.
+pub fn ends_sessions(sql: &str) -> bool {
+    let code = code_text(sql);
+    let kills = top_level_statements(&code).any(|statement| {
+        let mut words = statement
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty());
+        if !words.next().is_some_and(|w| w.eq_ignore_ascii_case("kill")) {
+            return false;
+        }
+        let mut next = words.next().unwrap_or("");
+        if next.eq_ignore_ascii_case("hard") || next.eq_ignore_ascii_case("soft") {
+            next = words.next().unwrap_or("");
+        }
+        !next.eq_ignore_ascii_case("query")
+    });
+    kills
+}
+
 /// A single SELECT that `SET STATEMENT ... FOR` can wrap as is.
 pub fn is_plain_select(sql: &str) -> bool {
     let s = sql.trim_start();
@@ -361,6 +383,33 @@ mod tests {
             "SELECT local FROM load_data",
         ] {
             assert!(!loads_local_file(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn session_kills() {
+        for sql in [
+            "KILL 42",
+            "kill connection 42",
+            "KILL HARD CONNECTION 42",
+            "KILL SOFT 42",
+            "KILL USER app",
+            "KILL CONNECTION_ID()",
+            "SELECT 1; KILL 7",
+            "/*!KILL 7 */",
+        ] {
+            assert!(ends_sessions(sql), "{sql}");
+        }
+        for sql in [
+            "KILL QUERY 42",
+            "kill hard query 42",
+            "KILL QUERY ID 42",
+            "SELECT 'KILL 7'",
+            "SELECT kill_count FROM t",
+            "SELECT 1 -- ; KILL 7",
+            "CREATE PROCEDURE p() BEGIN KILL 7; END",
+        ] {
+            assert!(!ends_sessions(sql), "{sql}");
         }
     }
 

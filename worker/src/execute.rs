@@ -19,7 +19,9 @@ use crate::cancel::{StopReason, Tracker};
 use crate::convert::{self, ColumnKind};
 use crate::link::{LinkGone, LinkOut};
 use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
-use osprey_sql::{controls_session, is_plain_select, loads_local_file, placeholders, touches_session_state};
+use osprey_sql::{
+    controls_session, ends_sessions, is_plain_select, loads_local_file, placeholders, touches_session_state,
+};
 
 /// Room left in a frame for everything around the row values.
 const FRAME_SLACK: usize = 1024;
@@ -451,6 +453,15 @@ fn preflight(sql: &str, params: &[Value], max_packet: usize) -> Result<(), Strin
         return Err(
             "LOAD DATA/XML LOCAL INFILE is not supported: the worker has no client files to send \
              (LOAD DATA INFILE without LOCAL reads files on the database server)"
+                .into(),
+        );
+    }
+    // Every session of the pool belongs to one database user, who may kill any of them:
+    // one KILL would take a worker down (and its own id, this one).
+    if ends_sessions(sql) {
+        return Err(
+            "KILL CONNECTION / KILL USER is not supported: the pool's database sessions are Osprey's \
+             (KILL QUERY is; to stop a request of your own, cancel it)"
                 .into(),
         );
     }

@@ -1033,6 +1033,12 @@ async fn malformed_requests_keep_the_session() {
             "a marker the server skips",
             with_params("SELECT /*M!999999 ?, */ ?", vec![int(1), int(2)]),
         ),
+        ("KILL of its own session", Request::sql("KILL CONNECTION_ID()")),
+        (
+            "KILL CONNECTION of its own session",
+            Request::sql("KILL CONNECTION CONNECTION_ID()"),
+        ),
+        ("KILL USER", Request::sql("KILL USER CURRENT_USER()")),
         (
             "a Date with month 13",
             with_params("SELECT ?", vec![Value::date(2024, 13, 1, 0, 0, 0, 0)]),
@@ -1140,6 +1146,14 @@ async fn malformed_requests_keep_the_session() {
         "nothing of the refused batches stayed"
     );
 
+    // KILL QUERY only stops a statement: passed on (here: no such thread).
+    let r = w.request(next(), &Request::sql("KILL QUERY 4000000000")).await;
+    let e = r.error.expect("unknown thread");
+    assert_eq!(
+        (e.origin, e.code, e.errno),
+        (Origin::Database, ErrorCode::Database, Some(1094))
+    );
+
     // The same session all along, and the worker still serves.
     assert_eq!(connection_id(&mut w, next()).await, id);
     assert!(w.child.try_wait().unwrap().is_none(), "the worker exited");
@@ -1191,8 +1205,11 @@ async fn parameters_bind_as_documented() {
     assert_eq!(one(&r), Value::Text("utf8mb4".into()));
     // ... and reach a binary column byte for byte, and compare as binary with BINARY.
     w.ok(2, &Request::sql("CREATE TABLE t_bin (b VARBINARY(8))")).await;
-    w.ok(3, &with_params("INSERT INTO t_bin VALUES (?)", vec![Value::Bytes(vec![0xff, 0, 0x80])]))
-        .await;
+    w.ok(
+        3,
+        &with_params("INSERT INTO t_bin VALUES (?)", vec![Value::Bytes(vec![0xff, 0, 0x80])]),
+    )
+    .await;
     let r = w.ok(4, &Request::sql("SELECT b FROM t_bin")).await;
     assert_eq!(one(&r), Value::Bytes(vec![0xff, 0, 0x80]));
     let r = w
@@ -1209,27 +1226,36 @@ async fn parameters_bind_as_documented() {
     let r = w
         .ok(
             7,
-            &with_params("SELECT CAST(? AS DECIMAL(10,2)) + 0.1", vec![Value::Decimal("0.2".into())]),
+            &with_params(
+                "SELECT CAST(? AS DECIMAL(10,2)) + 0.1",
+                vec![Value::Decimal("0.2".into())],
+            ),
         )
         .await;
     assert_eq!(one(&r), Value::Decimal("0.30".into()));
 
     // FLOAT: the text protocol (no params) prints 6 digits, the binary one is exact.
     w.ok(8, &Request::sql("CREATE TABLE t_f (f FLOAT)")).await;
-    w.ok(9, &with_params("INSERT INTO t_f VALUES (?)", vec![Value::Float(3.1415927)]))
-        .await;
+    w.ok(
+        9,
+        &with_params("INSERT INTO t_f VALUES (?)", vec![Value::Float(1.2345678)]),
+    )
+    .await;
     let text = w.ok(10, &Request::sql("SELECT f FROM t_f")).await;
-    assert_eq!(one(&text), Value::Float(3.14159));
+    assert_eq!(one(&text), Value::Float(1.23457));
     let binary = w
         .ok(11, &with_params("SELECT f FROM t_f WHERE ? = 1", vec![Value::Int(1)]))
         .await;
-    assert_eq!(one(&binary), Value::Float(3.1415927));
+    assert_eq!(one(&binary), Value::Float(1.2345678));
 
     // BIT(1) .. BIT(64): the highest and lowest bit of each width, sent as the column's
     // bytes and with leading zero bytes, come back as the column's bytes.
     let cols: Vec<String> = (1..=64).map(|n| format!("b{n} BIT({n})")).collect();
-    w.ok(12, &Request::sql(format!("CREATE TABLE t_bits (id INT, {})", cols.join(", "))))
-        .await;
+    w.ok(
+        12,
+        &Request::sql(format!("CREATE TABLE t_bits (id INT, {})", cols.join(", "))),
+    )
+    .await;
     let width_bytes = |n: u32| n.div_ceil(8) as usize;
     let value = |n: u32| -> Vec<u8> {
         let v: u64 = if n == 1 { 1 } else { (1u64 << (n - 1)) | 1 };
@@ -1249,7 +1275,10 @@ async fn parameters_bind_as_documented() {
     w.ok(14, &with_params(&insert, padded)).await;
     let text = w.ok(15, &Request::sql("SELECT * FROM t_bits ORDER BY id")).await;
     let binary = w
-        .ok(16, &with_params("SELECT * FROM t_bits WHERE id > ? ORDER BY id", vec![Value::Int(0)]))
+        .ok(
+            16,
+            &with_params("SELECT * FROM t_bits WHERE id > ? ORDER BY id", vec![Value::Int(0)]),
+        )
         .await;
     for r in [&text, &binary] {
         assert_eq!(r.rows[0][0][1..], exact[1..], "exact-width BITs");

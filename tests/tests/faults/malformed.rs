@@ -81,7 +81,7 @@ fn storm_request(n: usize) -> (&'static str, Request, Expect) {
             ),
         };
     }
-    match (n / 2) % 17 {
+    match (n / 2) % 18 {
         0 => ("too many params", single("SELECT ?", vec![i(1), i(2)]), refused),
         1 => ("too few params", single("SELECT ?, ?", vec![i(1)]), refused),
         2 => ("a marker without params", single("SELECT ?", vec![]), refused),
@@ -146,6 +146,11 @@ fn storm_request(n: usize) -> (&'static str, Request, Expect) {
         15 => (
             "Bit of 72 bits",
             single("SELECT ?", vec![Value::Bit(vec![1; 9])]),
+            refused,
+        ),
+        16 => (
+            "KILL of its own session",
+            single("KILL CONNECTION_ID()", vec![]),
             refused,
         ),
         _ => (
