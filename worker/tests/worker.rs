@@ -1161,6 +1161,10 @@ async fn malformed_requests_keep_the_session() {
     assert_eq!(r.rows[0], vec![vec![Value::Int(42)]]);
 }
 
+/// Size of the statement text whose reading the first KILL QUERY overlaps (4 MB was not
+/// enough to see the KILL lost here; 8 MB lost it in about half the tries).
+const LONG_TEXT: usize = 8_000_000;
+
 /// Issue 9 item 7: a CANCEL 0–20 ms after the request, when the statement may not have
 /// started on the server yet (a `KILL QUERY` is then lost), still stops it at once.
 #[tokio::test]
@@ -1188,6 +1192,28 @@ async fn early_cancels_stop_the_statement() {
         slowest = slowest.max(took);
     }
     println!("early cancels: slowest CANCEL -> END {slowest:?}");
+
+    // A long statement text: the server is still reading it when the first KILL QUERY
+    // arrives, and forgets that KILL when the statement starts (seen: SLEEP ran its full
+    // time). The worker kills it again.
+    let long = format!("SELECT SLEEP(3) /* {} */", "x".repeat(LONG_TEXT));
+    let mut slowest = Duration::ZERO;
+    for n in 0..3u32 {
+        let stream = 1000 + n;
+        w.send(Frame::new(Kind::Request, stream, &Request::sql(long.clone())))
+            .await;
+        w.send(Frame::new(Kind::Cancel, stream, &Cancel::default())).await;
+        let t = Instant::now();
+        let r = w.response(stream).await;
+        let took = t.elapsed();
+        // Before the fix the lost KILL let SLEEP(3) finish: a success after 3 s.
+        let e = r
+            .error
+            .unwrap_or_else(|| panic!("long cancel {n}: the statement ran to its end ({took:?})"));
+        assert_eq!(e.code, ErrorCode::Cancelled, "long cancel {n}: {e:?}");
+        slowest = slowest.max(took);
+    }
+    println!("early cancels of a {LONG_TEXT}-byte statement: slowest CANCEL -> END {slowest:?}");
 }
 
 /// Issue 9 item 5: what the server sees of each parameter kind (docs/PROTOCOL.md section 6,
