@@ -222,6 +222,10 @@ pub struct Request {
     pub timeout_ms: u64,
 }
 
+/// The most parameters one statement may have: MySQL's prepared statements count them
+/// in 16 bits.
+pub const MAX_PARAMS: usize = 65_535;
+
 impl Request {
     /// A single statement without parameters.
     pub fn sql(sql: impl Into<String>) -> Request {
@@ -231,7 +235,8 @@ impl Request {
         }
     }
 
-    /// Checks the shape rules; the message says what is wrong.
+    /// Checks the shape rules and every parameter ([`Value::check_param`], at most
+    /// [`MAX_PARAMS`] per statement); the message says what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         match (self.sql.is_empty(), self.batch.is_empty()) {
             (true, true) => Err("request has neither sql nor batch".into()),
@@ -241,7 +246,28 @@ impl Request {
             }
             (false, true) if self.sql.trim().is_empty() => Err("sql is blank".into()),
             _ if !self.batch.is_empty() && !self.params.is_empty() => Err("params go inside batch statements".into()),
-            _ => Ok(()),
+            _ => {
+                let statements = std::iter::once(self.params.as_slice())
+                    .chain(self.batch.iter().map(|s| s.params.as_slice()))
+                    .enumerate();
+                for (i, params) in statements {
+                    let which = || match i {
+                        0 => String::new(),
+                        n => format!("batch statement {}: ", n - 1),
+                    };
+                    if params.len() > MAX_PARAMS {
+                        return Err(format!(
+                            "{}{} parameters; a statement takes at most {MAX_PARAMS}",
+                            which(),
+                            params.len()
+                        ));
+                    }
+                    for (j, p) in params.iter().enumerate() {
+                        p.check_param().map_err(|e| format!("{}parameter {j}: {e}", which()))?;
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -373,4 +399,44 @@ fn utf8_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         }
     }
     d.deserialize_string(V)
+}
+
+#[cfg(test)]
+mod validate_tests {
+    use super::*;
+
+    fn with(params: Vec<Value>) -> Request {
+        Request {
+            sql: "SELECT ?".into(),
+            params,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn parameters_are_checked() {
+        assert_eq!(with(vec![Value::Int(1)]).validate(), Ok(()));
+        let e = with(vec![Value::Int(1), Value::date(2024, 13, 1, 0, 0, 0, 0)])
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("parameter 1") && e.contains("month"), "{e}");
+        assert!(with(vec![Value::Decimal("abc".into())]).validate().is_err());
+        assert!(with(vec![Value::Null; MAX_PARAMS + 1]).validate().is_err());
+        assert_eq!(with(vec![Value::Null; MAX_PARAMS]).validate(), Ok(()));
+        let batch = Request {
+            batch: vec![
+                Statement {
+                    sql: "SELECT 1".into(),
+                    params: vec![],
+                },
+                Statement {
+                    sql: "SELECT ?".into(),
+                    params: vec![Value::time(false, 40, 0, 0, 0, 0)],
+                },
+            ],
+            ..Default::default()
+        };
+        let e = batch.validate().unwrap_err();
+        assert!(e.starts_with("batch statement 1: parameter 0"), "{e}");
+    }
 }

@@ -99,6 +99,136 @@ impl Value {
     }
 }
 
+/// The largest TIME magnitude MySQL and MariaDB accept: 838:59:59.999999, in microseconds.
+const TIME_MAX_MICROS: u64 = ((838 * 60 + 59) * 60 + 59) * 1_000_000 + 999_999;
+
+impl Value {
+    /// Checks a value sent as a statement parameter: a value no MySQL column type can
+    /// hold is refused here rather than reaching the server, which would turn it into a
+    /// zero date, a warning or a truncation. The message names the problem.
+    ///
+    /// - `Date`: year 0–9999, month 0–12, day 0–31 and within the month (a zero month or day,
+    ///   as in MySQL's zero date `0000-00-00`, is allowed), hour 0–23, minute and second
+    ///   0–59, micro 0–999999;
+    /// - `Time`: hours 0–23, minutes and seconds 0–59, micros 0–999999, magnitude at most
+    ///   838:59:59.999999;
+    /// - `Decimal`: `[+-]digits[.digits][e[+-]digits]` (digits on at least one side of the
+    ///   point), nothing else, no spaces;
+    /// - `Bit`: at most 64 significant bits (leading zero bytes do not count): BIT(64) is
+    ///   the widest column.
+    pub fn check_param(&self) -> Result<(), String> {
+        match self {
+            Value::Date {
+                year,
+                month,
+                day,
+                hour,
+                minute,
+                second,
+                micro,
+            } => {
+                let bad = |what: &str| {
+                    Err(format!(
+                        "invalid Date parameter {year:04}-{month:02}-{day:02} \
+                         {hour:02}:{minute:02}:{second:02}.{micro:06}: {what}"
+                    ))
+                };
+                if *year > 9999 {
+                    return bad("year over 9999");
+                }
+                if *month > 12 {
+                    return bad("month over 12");
+                }
+                if *day > 31 || (*month > 0 && *day > days_in_month(*year, *month)) {
+                    return bad("no such day in that month");
+                }
+                if *hour > 23 || *minute > 59 || *second > 59 {
+                    return bad("time of day out of range");
+                }
+                if *micro > 999_999 {
+                    return bad("micro over 999999");
+                }
+                Ok(())
+            }
+            Value::Time {
+                negative,
+                days,
+                hours,
+                minutes,
+                seconds,
+                micros,
+            } => {
+                let sign = if *negative { "-" } else { "" };
+                let bad = |what: &str| {
+                    Err(format!(
+                        "invalid Time parameter {sign}{days}d {hours:02}:{minutes:02}:{seconds:02}.{micros:06}: {what}"
+                    ))
+                };
+                if *hours > 23 || *minutes > 59 || *seconds > 59 || *micros > 999_999 {
+                    return bad("hours 0-23, minutes and seconds 0-59, micros 0-999999");
+                }
+                let total =
+                    ((u64::from(*days) * 24 + u64::from(*hours)) * 60 + u64::from(*minutes)) * 60 + u64::from(*seconds);
+                if total.saturating_mul(1_000_000).saturating_add(u64::from(*micros)) > TIME_MAX_MICROS {
+                    return bad("beyond 838:59:59.999999, the TIME range");
+                }
+                Ok(())
+            }
+            Value::Decimal(s) if !is_decimal_text(s) => Err(format!(
+                "invalid Decimal parameter {s:?}: expected [+-]digits[.digits][e[+-]digits]"
+            )),
+            Value::Bit(b) if b.iter().skip_while(|x| **x == 0).count() > 8 => Err(format!(
+                "invalid Bit parameter of {} bytes: at most 64 significant bits (BIT(64) is the widest)",
+                b.len()
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn days_in_month(year: u16, month: u8) -> u8 {
+    match month {
+        2 if year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400)) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// `[+-]digits[.digits][e[+-]digits]`, with at least one digit before or after the point.
+fn is_decimal_text(s: &str) -> bool {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while *i < b.len() && b[*i].is_ascii_digit() {
+            *i += 1;
+        }
+        *i - start
+    };
+    if matches!(b.first(), Some(b'+' | b'-')) {
+        i += 1;
+    }
+    let mut mantissa = digits(&mut i);
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        mantissa += digits(&mut i);
+    }
+    if mantissa == 0 {
+        return false;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    i == b.len()
+}
+
 impl From<i64> for Value {
     fn from(v: i64) -> Self {
         Value::Int(v)
@@ -295,5 +425,88 @@ impl<'de> Visitor<'de> for ValueVisitor {
 impl<'de> Deserialize<'de> for Value {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
         d.deserialize_any(ValueVisitor)
+    }
+}
+
+#[cfg(test)]
+mod param_checks {
+    use super::Value;
+
+    #[test]
+    fn dates() {
+        for ok in [
+            Value::date(2024, 2, 29, 23, 59, 59, 999_999),
+            Value::date(0, 0, 0, 0, 0, 0, 0),
+            Value::date(2024, 0, 0, 0, 0, 0, 0),
+            Value::date(9999, 12, 31, 0, 0, 0, 0),
+            Value::date(2000, 2, 29, 0, 0, 0, 0),
+        ] {
+            assert_eq!(ok.check_param(), Ok(()), "{ok:?}");
+        }
+        for bad in [
+            Value::date(2024, 13, 1, 0, 0, 0, 0),
+            Value::date(2024, 1, 32, 0, 0, 0, 0),
+            Value::date(2023, 2, 29, 0, 0, 0, 0),
+            Value::date(1900, 2, 29, 0, 0, 0, 0),
+            Value::date(2024, 4, 31, 0, 0, 0, 0),
+            Value::date(10000, 1, 1, 0, 0, 0, 0),
+            Value::date(2024, 1, 1, 24, 0, 0, 0),
+            Value::date(2024, 1, 1, 0, 60, 0, 0),
+            Value::date(2024, 1, 1, 0, 0, 60, 0),
+            Value::date(2024, 1, 1, 0, 0, 0, 1_000_000),
+        ] {
+            assert!(bad.check_param().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn times() {
+        for ok in [
+            Value::time(true, 34, 22, 59, 59, 999_999),
+            Value::time(false, 0, 0, 0, 0, 0),
+            Value::time(false, 1, 23, 0, 0, 0),
+        ] {
+            assert_eq!(ok.check_param(), Ok(()), "{ok:?}");
+        }
+        for bad in [
+            Value::time(false, 34, 23, 0, 0, 0),
+            Value::time(true, 35, 0, 0, 0, 0),
+            Value::time(false, u32::MAX, 0, 0, 0, 0),
+            Value::time(false, 0, 24, 0, 0, 0),
+            Value::time(false, 0, 0, 60, 0, 0),
+            Value::time(false, 0, 0, 0, 60, 0),
+            Value::time(false, 0, 0, 0, 0, 1_000_000),
+        ] {
+            assert!(bad.check_param().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn decimals() {
+        for ok in [
+            "0",
+            "-12.340",
+            "+1",
+            ".5",
+            "5.",
+            "1e3",
+            "-1.5E-7",
+            "99999999999999999999999999999.5",
+        ] {
+            assert_eq!(Value::Decimal(ok.into()).check_param(), Ok(()), "{ok}");
+        }
+        for bad in [
+            "", "abc", "-", ".", "1.2.3", " 1", "1 ", "1e", "1e+", "0x10", "1,5", "NaN", "e5",
+        ] {
+            assert!(Value::Decimal(bad.into()).check_param().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bits() {
+        assert_eq!(Value::Bit(vec![0xff; 8]).check_param(), Ok(()));
+        assert_eq!(Value::Bit(vec![0, 0, 0x80, 0, 0, 0, 0, 0, 0, 1]).check_param(), Ok(()));
+        assert_eq!(Value::Bit(vec![]).check_param(), Ok(()));
+        assert!(Value::Bit(vec![1; 9]).check_param().is_err());
     }
 }

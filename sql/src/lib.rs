@@ -198,6 +198,44 @@ pub fn placeholders(sql: &str) -> usize {
     code_text(sql).bytes().filter(|&b| b == b'?').count()
 }
 
+/// Whether a top-level statement of `sql` is `LOAD DATA|XML ... LOCAL INFILE`: the
+/// server would then ask the client for a file of its own. Executable comments count
+/// as code, as everywhere here.
+pub fn loads_local_file(sql: &str) -> bool {
+    let code = code_text(sql);
+    code.split(';').any(|statement| {
+        let mut words = statement
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty());
+        words.next().is_some_and(|w| w.eq_ignore_ascii_case("load"))
+            && words
+                .take_while(|w| !w.eq_ignore_ascii_case("infile"))
+                .any(|w| w.eq_ignore_ascii_case("local"))
+    })
+}
+
+/// Whether a top-level statement of `sql` is a `KILL` that ends sessions rather than a
+/// statement: `KILL [HARD|SOFT] [CONNECTION] id`, `KILL ... USER name`. All of a pool's
+/// sessions belong to one database user, who may kill any of them; `KILL [HARD|SOFT]
+/// QUERY ...` only stops a statement and is not counted.
+pub fn ends_sessions(sql: &str) -> bool {
+    let code = code_text(sql);
+    let kills = top_level_statements(&code).any(|statement| {
+        let mut words = statement
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty());
+        if !words.next().is_some_and(|w| w.eq_ignore_ascii_case("kill")) {
+            return false;
+        }
+        let mut next = words.next().unwrap_or("");
+        if next.eq_ignore_ascii_case("hard") || next.eq_ignore_ascii_case("soft") {
+            next = words.next().unwrap_or("");
+        }
+        !next.eq_ignore_ascii_case("query")
+    });
+    kills
+}
+
 /// A single SELECT that `SET STATEMENT ... FOR` can wrap as is.
 pub fn is_plain_select(sql: &str) -> bool {
     let s = sql.trim_start();
@@ -323,6 +361,56 @@ mod tests {
         assert_eq!(placeholders("SELECT 'a\\'?', ?"), 1);
         assert_eq!(placeholders("SELECT /*! ? */ 1"), 1);
         assert_eq!(placeholders("SELECT 1"), 0);
+    }
+
+    #[test]
+    fn local_infile() {
+        for sql in [
+            "LOAD DATA LOCAL INFILE '/etc/passwd' INTO TABLE t",
+            "load data low_priority local infile 'x' into table t",
+            "LOAD XML CONCURRENT LOCAL INFILE 'x' INTO TABLE t",
+            "SELECT 1; LOAD DATA LOCAL INFILE 'x' INTO TABLE t",
+            "/*!50000 LOAD DATA LOCAL INFILE 'x' INTO TABLE t */",
+            "  LOAD\nDATA\tLOCAL INFILE 'x' INTO TABLE t",
+        ] {
+            assert!(loads_local_file(sql), "{sql}");
+        }
+        for sql in [
+            "LOAD DATA INFILE '/tmp/x' INTO TABLE local",
+            "SELECT 'LOAD DATA LOCAL INFILE'",
+            "SELECT 1 -- ; LOAD DATA LOCAL INFILE 'x' INTO TABLE t",
+            "INSERT INTO t VALUES ('load', 'local')",
+            "SELECT local FROM load_data",
+        ] {
+            assert!(!loads_local_file(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn session_kills() {
+        for sql in [
+            "KILL 42",
+            "kill connection 42",
+            "KILL HARD CONNECTION 42",
+            "KILL SOFT 42",
+            "KILL USER app",
+            "KILL CONNECTION_ID()",
+            "SELECT 1; KILL 7",
+            "/*!KILL 7 */",
+        ] {
+            assert!(ends_sessions(sql), "{sql}");
+        }
+        for sql in [
+            "KILL QUERY 42",
+            "kill hard query 42",
+            "KILL QUERY ID 42",
+            "SELECT 'KILL 7'",
+            "SELECT kill_count FROM t",
+            "SELECT 1 -- ; KILL 7",
+            "CREATE PROCEDURE p() BEGIN KILL 7; END",
+        ] {
+            assert!(!ends_sessions(sql), "{sql}");
+        }
     }
 
     #[test]

@@ -9,10 +9,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::session::Killer;
+
+/// Pause after the first `KILL QUERY` before checking whether the statement ended; it
+/// doubles up to [`RETRY_MAX`] while the statement keeps running.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_millis(200);
 
 /// Why a stream is being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +35,8 @@ struct Inner {
     open: HashMap<u32, Option<StopReason>>,
     /// The stream whose statement is on the database connection right now.
     running: Option<u32>,
-    /// The `KILL QUERY` in flight for the running stream.
-    kill: Option<JoinHandle<()>>,
+    /// The `KILL QUERY` task of the running stream, and the signal that the stream ended.
+    kill: Option<(JoinHandle<()>, Arc<Notify>)>,
     killer: Option<Arc<Killer>>,
 }
 
@@ -55,7 +61,10 @@ impl Tracker {
     }
 
     /// Asks to stop `stream`. Ignored for streams that are not open or already stopping.
-    /// If it is executing, `KILL QUERY` is sent from a side connection.
+    /// If it is executing, `KILL QUERY` is sent from a side connection, again and again
+    /// until the stream's statement has ended: a `KILL QUERY` that reaches the server
+    /// just before the statement starts is lost (the server clears it when the next
+    /// command begins), and the statement would run its full course.
     pub fn stop(&self, stream: u32, reason: StopReason) {
         let mut inner = self.lock();
         let Some(slot) = inner.open.get_mut(&stream) else {
@@ -68,13 +77,16 @@ impl Tracker {
         if inner.running == Some(stream) {
             if let Some(killer) = inner.killer.clone() {
                 info!(stream, ?reason, "stopping the running statement (KILL QUERY)");
-                inner.kill = Some(tokio::spawn(async move {
-                    if let Err(e) = killer.kill_query().await {
-                        warn!(error = %e, "KILL QUERY failed");
-                    }
-                }));
+                let ended = Arc::new(Notify::new());
+                let task = tokio::spawn(kill_until_ended(self.clone(), stream, killer, ended.clone()));
+                inner.kill = Some((task, ended));
             }
         }
+    }
+
+    /// Whether `stream`'s request is still executing.
+    fn running(&self, stream: u32) -> bool {
+        self.lock().running == Some(stream)
     }
 
     /// The executor starts `stream`; `Err` if a stop was asked before it started.
@@ -100,7 +112,9 @@ impl Tracker {
     /// state is then unknown (the caller gives the session up).
     pub async fn settle(&self) -> bool {
         let kill = self.lock().kill.take();
-        if let Some(mut k) = kill {
+        if let Some((mut k, ended)) = kill {
+            // No more attempts: the one in flight, if any, is waited for.
+            ended.notify_one();
             if tokio::time::timeout(Duration::from_secs(10), &mut k).await.is_err() {
                 k.abort();
                 warn!("KILL QUERY did not finish within 10 s; abandoned");
@@ -121,5 +135,44 @@ impl Tracker {
             }
         }
         self.settle().await
+    }
+}
+
+/// Sends `KILL QUERY` until `stream` stops running, with a growing pause between
+/// attempts. A second one is needed when the first was lost (it reached the server before
+/// the statement started: the server clears a pending kill when a command begins), or when
+/// the kill is pending but its wake-up missed the statement (seen with `SLEEP`: the
+/// processlist shows `Killed / User sleep` and the statement runs its full time). The
+/// server's view of the session is logged with each retry. The executor settles this task
+/// once the statement has returned, which ends it between attempts. One side connection
+/// serves every attempt.
+async fn kill_until_ended(tracker: Tracker, stream: u32, killer: Arc<Killer>, ended: Arc<Notify>) {
+    let mut side = None;
+    let mut pause = RETRY_FIRST;
+    let mut kills = 0u32;
+    loop {
+        kills += 1;
+        if let Err(e) = killer.kill_query(&mut side).await {
+            warn!(stream, kills, error = %e, "KILL QUERY failed");
+        }
+        tokio::select! {
+            _ = ended.notified() => break,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        if !tracker.running(stream) {
+            break;
+        }
+        let state = killer.command(&mut side).await;
+        debug!(stream, kills, ?state, "statement still running after KILL QUERY; again");
+        pause = (pause * 2).min(RETRY_MAX);
+    }
+    if kills > 1 {
+        info!(stream, kills, "statement stopped after repeated KILL QUERY");
+    }
+    if let Some(conn) = side {
+        // Not awaited here: the executor waits for this task before it answers.
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn.disconnect()).await;
+        });
     }
 }

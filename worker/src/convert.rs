@@ -249,8 +249,15 @@ pub fn param(v: &Value) -> mysql_async::Value {
         Value::Double(d) => M::Double(*d),
         Value::Decimal(s) | Value::Text(s) | Value::Json(s) => M::Bytes(s.as_bytes().to_vec()),
         Value::Bytes(b) => M::Bytes(b.clone()),
-        Value::Bit(b) if b.len() <= 8 => M::UInt(b.iter().fold(0u64, |acc, x| (acc << 8) | u64::from(*x))),
-        Value::Bit(b) => M::Bytes(b.clone()),
+        Value::Bit(b) => {
+            // Leading zero bytes carry no bits (a BIT(16) value may come as 2 bytes);
+            // `Request::validate` refuses more than 64 significant bits.
+            let significant = &b[b.iter().take_while(|x| **x == 0).count()..];
+            match significant.len() {
+                0..=8 => M::UInt(significant.iter().fold(0u64, |acc, x| (acc << 8) | u64::from(*x))),
+                _ => M::Bytes(b.clone()),
+            }
+        }
         Value::Date {
             year,
             month,
@@ -268,6 +275,24 @@ pub fn param(v: &Value) -> mysql_async::Value {
             seconds,
             micros,
         } => M::Time(*negative, *days, *hours, *minutes, *seconds, *micros),
+    }
+}
+
+/// The bytes [`param`]`(v)` takes in a `COM_STMT_EXECUTE` packet (mysql_common's
+/// `Value::bin_len`), without copying a string.
+pub fn param_bin_len(v: &Value) -> usize {
+    let lenenc = |n: usize| {
+        n + match n {
+            0..=250 => 1,
+            251..=0xffff => 3,
+            0x1_0000..=0xff_ffff => 4,
+            _ => 9,
+        }
+    };
+    match v {
+        Value::Decimal(s) | Value::Text(s) | Value::Json(s) => lenenc(s.len()),
+        Value::Bytes(b) => lenenc(b.len()),
+        other => param(other).bin_len() as usize,
     }
 }
 
@@ -420,6 +445,21 @@ mod tests {
         assert_eq!(param(&Value::Decimal("1.50".into())), M::Bytes(b"1.50".to_vec()));
         assert_eq!(param(&Value::Json("[1]".into())), M::Bytes(b"[1]".to_vec()));
         assert_eq!(param(&Value::Bit(vec![1, 5])), M::UInt(261));
+        assert_eq!(param(&Value::Bit(vec![0, 0, 0, 0, 0, 0, 0, 0, 0x80])), M::UInt(128));
+        assert_eq!(param(&Value::Bit(vec![0xff; 8])), M::UInt(u64::MAX));
+        assert_eq!(param(&Value::Bit(vec![])), M::UInt(0));
+        for v in [
+            Value::Text("x".repeat(300)),
+            Value::Bytes(vec![0; 70_000]),
+            Value::Decimal("1.5".into()),
+            Value::Int(1),
+            Value::Null,
+            Value::date(2024, 1, 2, 3, 4, 5, 6),
+            Value::time(true, 1, 2, 3, 4, 0),
+            Value::Bit(vec![1, 2]),
+        ] {
+            assert_eq!(param_bin_len(&v), param(&v).bin_len() as usize, "{v:?}");
+        }
         assert_eq!(
             param(&Value::date(2024, 1, 2, 3, 4, 5, 6)),
             M::Date(2024, 1, 2, 3, 4, 5, 6)

@@ -19,7 +19,9 @@ use crate::cancel::{StopReason, Tracker};
 use crate::convert::{self, ColumnKind};
 use crate::link::{LinkGone, LinkOut};
 use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
-use osprey_sql::{controls_session, is_plain_select, touches_session_state};
+use osprey_sql::{
+    controls_session, ends_sessions, is_plain_select, loads_local_file, placeholders, touches_session_state,
+};
 
 /// Room left in a frame for everything around the row values.
 const FRAME_SLACK: usize = 1024;
@@ -49,6 +51,9 @@ enum ExecError {
          whichever worker is free, so send transactions as one batch"
     )]
     LeftOpen,
+    /// Found while executing, before the driver saw it (`INVALID_REQUEST`).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Limits for cutting `ROWS` frames.
@@ -69,10 +74,19 @@ pub struct Executor {
     /// The session was found dead while idle: nothing more can run on it.
     dead: bool,
     reset: SessionReset,
+    /// The server's `max_allowed_packet`: a larger packet makes the server close the session.
+    max_packet: usize,
 }
 
 impl Executor {
-    pub fn new(conn: Conn, tracker: Tracker, limits: BatchLimits, mariadb: bool, reset: SessionReset) -> Executor {
+    pub fn new(
+        conn: Conn,
+        tracker: Tracker,
+        limits: BatchLimits,
+        mariadb: bool,
+        reset: SessionReset,
+        max_packet: usize,
+    ) -> Executor {
         Executor {
             conn,
             tracker,
@@ -80,6 +94,7 @@ impl Executor {
             mariadb,
             dead: false,
             reset,
+            max_packet,
         }
     }
 
@@ -157,6 +172,32 @@ impl Executor {
             .await?;
             return Ok(Outcome::Served);
         }
+        // Timeout: on MariaDB a single plain SELECT is bounded by the server itself;
+        // anything else by a timer that sends KILL QUERY.
+        let server_timeout =
+            (request.timeout_ms > 0 && self.mariadb && request.batch.is_empty() && is_plain_select(&request.sql))
+                .then_some(request.timeout_ms);
+        let single_sql = match server_timeout {
+            Some(ms) => Cow::Owned(format!(
+                "SET STATEMENT max_statement_time={:.3} FOR {}",
+                ms as f64 / 1000.0,
+                request.sql
+            )),
+            None => Cow::Borrowed(request.sql.as_str()),
+        };
+        let checked = if request.batch.is_empty() {
+            preflight(&single_sql, &request.params, self.max_packet)
+        } else {
+            request.batch.iter().enumerate().try_for_each(|(i, st)| {
+                preflight(&st.sql, &st.params, self.max_packet).map_err(|e| format!("batch statement {i}: {e}"))
+            })
+        };
+        if let Err(why) = checked {
+            self.tracker.finish(stream).await;
+            out.fail(ErrorBody::undispatched(Origin::Worker, ErrorCode::InvalidRequest, why))
+                .await?;
+            return Ok(Outcome::Served);
+        }
         if self.dead {
             self.tracker.finish(stream).await;
             let mut body = ErrorBody::undispatched(
@@ -180,35 +221,20 @@ impl Executor {
             return Ok(Outcome::Served);
         }
 
-        // Timeout: on MariaDB a single plain SELECT is bounded by the server itself;
-        // anything else by a timer that sends KILL QUERY.
-        let mut server_timeout = None;
         let mut timer = None;
-        if request.timeout_ms > 0 {
-            if self.mariadb && request.batch.is_empty() && is_plain_select(&request.sql) {
-                server_timeout = Some(request.timeout_ms);
-            } else {
-                let tracker = self.tracker.clone();
-                let after = Duration::from_millis(request.timeout_ms);
-                timer = Some(tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    tracker.stop(stream, StopReason::TimedOut);
-                }));
-            }
+        if request.timeout_ms > 0 && server_timeout.is_none() {
+            let tracker = self.tracker.clone();
+            let after = Duration::from_millis(request.timeout_ms);
+            timer = Some(tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                tracker.stop(stream, StopReason::TimedOut);
+            }));
         }
 
         let started = Instant::now();
         let mut acc = Summary::default();
         let result = if request.batch.is_empty() {
-            let sql = match server_timeout {
-                Some(ms) => Cow::Owned(format!(
-                    "SET STATEMENT max_statement_time={:.3} FOR {}",
-                    ms as f64 / 1000.0,
-                    request.sql
-                )),
-                None => Cow::Borrowed(request.sql.as_str()),
-            };
-            run_statement(&mut self.conn, &sql, &request.params, &mut out, &mut acc).await
+            run_statement(&mut self.conn, &single_sql, &request.params, &mut out, &mut acc).await
         } else {
             run_batch(
                 &mut self.conn,
@@ -399,10 +425,91 @@ async fn run_statement(
         let mut result = conn.query_iter(sql).await?;
         stream_results(&mut result, out, acc).await
     } else {
+        // The server's own count of markers (the statement is cached, so this costs a
+        // round trip only the first time): the driver would close the session on a
+        // mismatch. It differs from `preflight`'s count only where the server reads the
+        // text differently (a `/*!NNNNN` comment for a newer version, NO_BACKSLASH_ESCAPES).
+        let stmt = conn.prep(sql).await?;
+        if usize::from(stmt.num_params()) != params.len() {
+            return Err(ExecError::Refused(format!(
+                "the database counts {} parameter markers (?) in the statement, but {} parameters were sent",
+                stmt.num_params(),
+                params.len()
+            )));
+        }
         let params = Params::Positional(params.iter().map(convert::param).collect());
-        let mut result = conn.exec_iter(sql, params).await?;
+        let mut result = conn.exec_iter(&stmt, params).await?;
         stream_results(&mut result, out, acc).await
     }
+}
+
+/// Checks one statement against everything the driver would refuse, or the server answer
+/// by closing the session, before either sees it: `mysql_async` closes its connection on
+/// every error it raises itself. `Err` is an `INVALID_REQUEST` message.
+fn preflight(sql: &str, params: &[Value], max_packet: usize) -> Result<(), String> {
+    // Without a handler the driver fails a LOCAL INFILE request from the server and
+    // closes the session; the worker has no files to give anyway.
+    if loads_local_file(sql) {
+        return Err(
+            "LOAD DATA/XML LOCAL INFILE is not supported: the worker has no client files to send \
+             (LOAD DATA INFILE without LOCAL reads files on the database server)"
+                .into(),
+        );
+    }
+    // Every session of the pool belongs to one database user, who may kill any of them:
+    // one KILL would take a worker down (and its own id, this one).
+    if ends_sessions(sql) {
+        return Err(
+            "KILL CONNECTION / KILL USER is not supported: the pool's database sessions are Osprey's \
+             (KILL QUERY is; to stop a request of your own, cancel it)"
+                .into(),
+        );
+    }
+    let markers = placeholders(sql);
+    if markers != params.len() {
+        return Err(format!(
+            "the statement has {markers} parameter markers (?) but {} parameters were sent",
+            params.len()
+        ));
+    }
+    if !params.is_empty() {
+        // The driver rewrites `:name` in the text of a prepared statement into a named
+        // parameter, which positional parameters cannot fill (and it then closes the session).
+        match mysql_common::named_params::ParsedNamedParams::parse(sql.as_bytes()) {
+            Ok(parsed) if parsed.params().is_empty() => {}
+            Ok(parsed) => {
+                return Err(format!(
+                    "`:{}` in a statement with parameters would be taken as a named parameter; only \
+                     positional ? markers are supported (write `: {}` with a space if it is not a parameter)",
+                    String::from_utf8_lossy(&parsed.params()[0]),
+                    String::from_utf8_lossy(&parsed.params()[0]),
+                ));
+            }
+            Err(_) => {
+                return Err("the statement mixes ? markers with `:name` (named parameters are not supported)".into())
+            }
+        }
+    }
+    let packet = packet_size(sql, params);
+    if packet >= max_packet {
+        return Err(format!(
+            "the statement needs a packet of {packet} bytes to the database, whose max_allowed_packet is {max_packet}"
+        ));
+    }
+    Ok(())
+}
+
+/// The size of the largest packet the statement sends: `COM_QUERY` (text) or
+/// `COM_STMT_PREPARE` + `COM_STMT_EXECUTE` (with parameters), as mysql_common builds them.
+fn packet_size(sql: &str, params: &[Value]) -> usize {
+    let text = 1 + sql.len();
+    if params.is_empty() {
+        return text;
+    }
+    let values: usize = params.iter().map(convert::param_bin_len).sum();
+    // header 10, null bitmap, bound flag 1, two type bytes per parameter, values
+    let execute = 10 + params.len().div_ceil(8) + 1 + 2 * params.len() + values;
+    text.max(execute)
 }
 
 /// Streams every result set of one statement.
@@ -482,6 +589,11 @@ fn error_body(e: &ExecError, stop: Option<StopReason>, batch: bool) -> (ErrorBod
         }
         ExecError::RowTooLarge(_) => body.code = ErrorCode::FrameTooLarge,
         ExecError::LeftOpen => body.code = ErrorCode::InvalidRequest,
+        ExecError::Refused(_) => {
+            body.code = ErrorCode::InvalidRequest;
+            // In a batch, earlier statements ran (and were rolled back).
+            body.dispatched = batch;
+        }
         ExecError::Stopped(reason) => body.code = stop_code(*reason),
         ExecError::Link(_) => {}
     }

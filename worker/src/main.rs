@@ -201,16 +201,16 @@ async fn serve(
     let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
     let opened = async {
         let mut conn = session::connect(backend, &opts, connect_timeout).await?;
-        let version: Option<String> =
-            conn.query_first("SELECT VERSION()")
-                .await
-                .map_err(|source| session::SessionError::Connect {
-                    backend: backend.name.clone(),
-                    source,
-                })?;
-        Ok::<_, session::SessionError>((conn, version.unwrap_or_default()))
+        let info: Option<(String, u64)> = conn
+            .query_first("SELECT VERSION(), @@max_allowed_packet")
+            .await
+            .map_err(|source| session::SessionError::Connect {
+                backend: backend.name.clone(),
+                source,
+            })?;
+        Ok::<_, session::SessionError>((conn, info.unwrap_or_default()))
     };
-    let (conn, server_version) = match link.drive(out, opened).await? {
+    let (conn, (server_version, max_packet)) = match link.drive(out, opened).await? {
         Ok(c) => c,
         Err(e) => {
             error!(error = %e, "database unreachable");
@@ -220,7 +220,7 @@ async fn serve(
         }
     };
     let db_connection_id = conn.id();
-    info!(db_connection_id, %server_version, "database session open");
+    info!(db_connection_id, %server_version, max_packet, "database session open");
     tracker.set_killer(Killer {
         opts: opts.clone(),
         conn_id: db_connection_id,
@@ -242,7 +242,12 @@ async fn serve(
         bytes: settings.batch_bytes as usize,
         max_payload,
     };
-    let mut exec = Executor::new(conn, tracker, limits, mariadb, settings.session_reset);
+    // 0 would refuse everything: an unreadable value means the server's default (MariaDB's 16 MiB).
+    let max_packet = match max_packet {
+        0 => 16 * 1024 * 1024,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    let mut exec = Executor::new(conn, tracker, limits, mariadb, settings.session_reset, max_packet);
     let mut recycler = Recycler::new(settings.max_requests, settings.max_age_ms, started);
     let idle_check = keepalive.max(MIN_IDLE_CHECK);
     let mut last_db_use = Instant::now();

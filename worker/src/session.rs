@@ -7,9 +7,12 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 use osprey_protocol::Backend;
 
-/// `max_allowed_packet` the client assumes (given so that connecting costs no extra
-/// query; frames are at most 16 MiB, so requests stay far below it).
-const MAX_ALLOWED_PACKET: usize = 64 * 1024 * 1024;
+/// The driver's own packet limit, in both directions: the protocol's maximum (1 GiB), so
+/// that it never refuses a row the server sends (the driver closes its connection on any
+/// error of its own). What the server accepts is the server's `max_allowed_packet`,
+/// read at connect and checked before sending (`execute::preflight`). Given here so that
+/// connecting costs no extra query.
+const MAX_ALLOWED_PACKET: usize = 1024 * 1024 * 1024;
 /// `wait_timeout` the client assumes (server default; only informs the driver).
 const WAIT_TIMEOUT: usize = 28_800;
 const STMT_CACHE_SIZE: usize = 256;
@@ -37,7 +40,26 @@ pub fn opts(b: &Backend) -> Opts {
         .max_allowed_packet(Some(MAX_ALLOWED_PACKET))
         .wait_timeout(Some(WAIT_TIMEOUT))
         .stmt_cache_size(STMT_CACHE_SIZE)
+        .local_infile_handler(Some(NoFiles))
         .into()
+}
+
+/// Answers a server's LOCAL INFILE request with an empty file. Such statements are
+/// refused before they are sent (`osprey_sql::loads_local_file`); this is the net for one
+/// the scan could miss: without a handler the driver fails the request and closes the
+/// session, with this one the server loads nothing and the session stays.
+struct NoFiles;
+
+impl mysql_async::prelude::GlobalHandler for NoFiles {
+    fn handle(
+        &self,
+        _file_name: &[u8],
+    ) -> futures::future::BoxFuture<'static, Result<mysql_async::InfileData, mysql_async::LocalInfileError>> {
+        Box::pin(async {
+            let empty: mysql_async::InfileData = Box::pin(futures::stream::empty());
+            Ok(empty)
+        })
+    }
 }
 
 fn describe(b: &Backend) -> String {
@@ -68,16 +90,42 @@ pub struct Killer {
 }
 
 impl Killer {
-    pub async fn kill_query(&self) -> Result<(), mysql_async::Error> {
+    /// Sends one `KILL QUERY` on `side` (opened first if `None`; dropped again on an
+    /// error, so the next call opens a fresh one), within `timeout`.
+    pub async fn kill_query(&self, side: &mut Option<Conn>) -> Result<(), mysql_async::Error> {
         let work = async {
-            let mut side = Conn::new(self.opts.clone()).await?;
-            let r = side.query_drop(format!("KILL QUERY {}", self.conn_id)).await;
-            let _ = side.disconnect().await;
-            r
+            if side.is_none() {
+                *side = Some(Conn::new(self.opts.clone()).await?);
+            }
+            match side.as_mut() {
+                Some(conn) => conn.query_drop(format!("KILL QUERY {}", self.conn_id)).await,
+                None => Ok(()),
+            }
         };
-        match tokio::time::timeout(self.timeout, work).await {
+        let r = match tokio::time::timeout(self.timeout, work).await {
             Ok(r) => r,
             Err(_) => Err(mysql_async::Error::Other("KILL QUERY timed out".into())),
+        };
+        if r.is_err() {
+            *side = None;
+        }
+        r
+    }
+}
+
+impl Killer {
+    /// The session's `COMMAND` in the processlist (`Query`, `Execute`, `Sleep`, or `Killed`
+    /// once a kill is pending), with its state and statement, for the log; `None` if the
+    /// side connection cannot tell.
+    pub async fn command(&self, side: &mut Option<Conn>) -> Option<(String, String)> {
+        let conn = side.as_mut()?;
+        let sql = "SELECT COMMAND, CONCAT_WS(' / ', STATE, TIME_MS, LEFT(INFO, 60)) \
+                   FROM information_schema.PROCESSLIST WHERE ID = ?";
+        let work = conn.exec_first::<(String, Option<String>), _, _>(sql, (self.conn_id,));
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(Ok(Some((command, detail)))) => Some((command, detail.unwrap_or_default())),
+            Ok(Ok(None)) => Some(("gone".into(), String::new())),
+            _ => None,
         }
     }
 }
@@ -118,8 +166,8 @@ const FATAL_SERVER_ERRORS: &[u16] = &[
 pub enum ErrorClass {
     /// The server rejected the statement; the session is fine.
     Database,
-    /// The driver refused the request before executing it (e.g. wrong parameter count);
-    /// the session is fine and nothing ran.
+    /// The driver refused the request before executing it (named and positional
+    /// parameters mixed: found before any command, so the session is fine and nothing ran).
     Rejected,
     /// The session is lost or unusable: answer, then exit.
     Fatal,
@@ -130,9 +178,10 @@ pub fn classify(e: &mysql_async::Error) -> ErrorClass {
     match e {
         E::Server(s) if FATAL_SERVER_ERRORS.contains(&s.code) => ErrorClass::Fatal,
         E::Server(_) => ErrorClass::Database,
-        E::Driver(
-            D::StmtParamsMismatch { .. } | D::StmtParamsNumberExceedsLimit { .. } | D::MixedParams | D::Params(_),
-        ) => ErrorClass::Rejected,
+        // Every other driver error comes from inside a command, after which the driver
+        // has closed the connection (`Conn::routine`): a wrong parameter count included,
+        // which is why `execute::preflight` and the prepared count keep it from happening.
+        E::Driver(D::MixedParams) => ErrorClass::Rejected,
         _ => ErrorClass::Fatal,
     }
 }
@@ -165,7 +214,9 @@ mod tests {
                 required: 1,
                 supplied: 2
             })),
-            ErrorClass::Rejected
+            ErrorClass::Fatal,
+            "the driver closed its connection"
         );
+        assert_eq!(classify(&Error::Driver(DriverError::MixedParams)), ErrorClass::Rejected);
     }
 }

@@ -18,6 +18,7 @@ mod fd_limits;
 mod flow_control;
 mod hangs;
 mod keepalive;
+mod malformed;
 mod raw;
 mod slow_client;
 mod stream_ids;
