@@ -135,14 +135,16 @@ impl Frame {
             if self.kind == Kind::Request && matches!(e, rmp_serde::decode::Error::Utf8Error(_)) {
                 return ProtocolError::BadUtf8;
             }
-            let reason = e.to_string();
-            if reason.contains(crate::body::BAD_UTF8_MARKER) {
-                ProtocolError::BadUtf8
-            } else {
-                ProtocolError::BadBody {
+            // Only our own visitor's error is exactly the marker. A substring test would
+            // also match serde's messages that quote the input ("invalid type: string
+            // \"osprey:bad-utf8\" ..."), so a peer could turn any malformed body into
+            // BAD_UTF8 (found by the `body_decoder` fuzz target).
+            match e {
+                rmp_serde::decode::Error::Syntax(msg) if msg == crate::body::BAD_UTF8_MARKER => ProtocolError::BadUtf8,
+                e => ProtocolError::BadBody {
                     kind: self.kind.name(),
-                    reason,
-                }
+                    reason: e.to_string(),
+                },
             }
         })
     }

@@ -507,6 +507,45 @@ fn sql_with_invalid_utf8_is_bad_utf8() {
     assert!(matches!(err, ProtocolError::BadUtf8), "{err:?}");
 }
 
+/// Found by the `body_decoder` fuzz target: serde's error messages quote the input
+/// ("invalid type: string \"…\""), and the BAD_UTF8 check used to look for its marker
+/// anywhere in the message, so a body holding that text where it does not belong was
+/// reported BAD_UTF8 (stream-level) instead of BAD_BODY (connection-level).
+#[test]
+fn text_quoted_in_an_error_is_not_bad_utf8() {
+    let marker = b"osprey:bad-utf8";
+    let mut fixstr = vec![0xa0 | marker.len() as u8];
+    fixstr.extend_from_slice(marker);
+    // A PING body that is that string, and REQUEST bodies with it as a bool and as a Value tag's text.
+    let ping = fixstr.clone();
+    let mut read_only = vec![0x82, 0xa3, b's', b'q', b'l', 0xa1, b'x', 0xa9];
+    read_only.extend_from_slice(b"read_only");
+    read_only.extend_from_slice(&fixstr);
+    let mut role = vec![0x83, 0xad];
+    role.extend_from_slice(b"version_major");
+    role.push(1);
+    role.push(0xad);
+    role.extend_from_slice(b"version_minor");
+    role.push(1);
+    role.extend_from_slice(&[0xa4, b'r', b'o', b'l', b'e']);
+    role.extend_from_slice(&fixstr);
+    for (kind, payload) in [(Kind::Ping, ping), (Kind::Request, read_only), (Kind::Hello, role)] {
+        let frame = Frame {
+            kind,
+            flags: 0,
+            stream: if kind.is_control() { 0 } else { 1 },
+            payload: payload.into(),
+        };
+        let err = match kind {
+            Kind::Ping => frame.body::<Ping>().unwrap_err(),
+            Kind::Hello => frame.body::<Hello>().unwrap_err(),
+            _ => frame.body::<Request>().unwrap_err(),
+        };
+        assert!(matches!(err, ProtocolError::BadBody { .. }), "{kind:?}: {err:?}");
+        assert_eq!(err.code(), ErrorCode::BadBody);
+    }
+}
+
 #[test]
 fn garbage_bodies_are_bad_body() {
     let cases: &[(Kind, &[u8])] = &[
