@@ -596,6 +596,54 @@ fn deeply_nested_body_is_an_error_not_a_stack_overflow() {
     assert!(matches!(frame.body::<Rows>(), Err(ProtocolError::BadBody { .. })));
 }
 
+/// `{rows: [], x: <levels - 1 nested arrays or maps around nil>}`: the nesting sits in an
+/// unknown field, which the decoder skips by recursing through it.
+fn nested_in_ignored_field(levels: usize, map: bool) -> Frame {
+    let mut p = vec![0x82, 0xa4, b'r', b'o', b'w', b's', 0x90, 0xa1, b'x'];
+    for _ in 1..levels {
+        if map {
+            p.extend_from_slice(&[0x81, 0x01]);
+        } else {
+            p.push(0x91);
+        }
+    }
+    p.push(0xc0);
+    Frame {
+        kind: Kind::Rows,
+        flags: 0,
+        stream: 1,
+        payload: p.into(),
+    }
+}
+
+/// Nesting in an ignored field used to be followed 1023 levels deep, which overflows a
+/// 2 MiB stack (a tokio worker thread's) in a debug build: a hostile body aborted the
+/// dispatcher. Bodies deeper than MAX_BODY_DEPTH are now refused, and what is accepted
+/// decodes on a small stack.
+#[test]
+fn nesting_in_ignored_fields_is_bounded() {
+    let run = |levels: usize, map: bool| {
+        let frame = nested_in_ignored_field(levels, map);
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || frame.body::<Rows>().map(|r| r.rows.len()))
+            .unwrap()
+            .join()
+            .expect("decoding must not overflow a 256 KiB stack")
+    };
+    for map in [false, true] {
+        assert_eq!(
+            run(MAX_BODY_DEPTH, map).unwrap(),
+            0,
+            "{MAX_BODY_DEPTH} levels are allowed"
+        );
+        for levels in [MAX_BODY_DEPTH + 1, 200, 1000, 100_000] {
+            let err = run(levels, map).unwrap_err();
+            assert!(matches!(err, ProtocolError::BadBody { .. }), "{levels} levels: {err:?}");
+        }
+    }
+}
+
 #[test]
 fn hello_with_another_major_version_decodes_and_is_refused_by_check_version() {
     let mut hello = Hello {
