@@ -376,8 +376,9 @@ impl std::fmt::Display for ErrorBody {
     }
 }
 
-/// Marker at the start of the serde error produced for SQL text that is not UTF-8,
-/// so that [`crate::Frame::body`] can report [`crate::ProtocolError::BadUtf8`].
+/// The whole message of the serde error produced for SQL text that is not UTF-8, so
+/// that [`crate::Frame::body`] can report [`crate::ProtocolError::BadUtf8`]. It must be
+/// compared whole: other errors may quote input text, which may hold this string.
 pub(crate) const BAD_UTF8_MARKER: &str = "osprey:bad-utf8";
 
 /// Accepts str (and, from lenient encoders, bin) but insists on valid UTF-8.

@@ -10,6 +10,10 @@ pub const HEADER_LEN: usize = 12;
 /// Default upper bound on a payload (16 MiB). Larger frames are a protocol error.
 pub const DEFAULT_MAX_PAYLOAD: usize = 16 * 1024 * 1024;
 
+/// Deepest nesting of MessagePack containers a body may have, its own map being level 1
+/// (`Request` → `batch` → `Statement` → `params` → tagged `Value` is 5). Deeper is `BAD_BODY`.
+pub const MAX_BODY_DEPTH: usize = 32;
+
 /// Flag bit on `ROWS`/`COLUMNS`: none defined in 1.0; receivers ignore unknown bits.
 pub const FLAG_NONE: u8 = 0;
 
@@ -128,21 +132,28 @@ impl Frame {
 
     /// Decodes the payload as `T`.
     pub fn body<T: DeserializeOwned>(&self) -> Result<T, ProtocolError> {
-        rmp_serde::from_slice(&self.payload).map_err(|e| {
+        let mut de = rmp_serde::Deserializer::from_read_ref(&self.payload[..]);
+        // rmp_serde's default (1024 levels) overflows a 2 MiB thread stack (tokio's
+        // default) in a debug build when the nesting sits in an ignored field; real
+        // bodies nest 5 levels.
+        de.set_max_depth(MAX_BODY_DEPTH + 1);
+        T::deserialize(&mut de).map_err(|e| {
             // Text sent as MessagePack str with invalid UTF-8 never reaches our visitor's
             // error: rmp_serde replaces it with its own `Utf8Error`. In a REQUEST every
             // text field is SQL (or SQL value text), so report it as BadUtf8 too.
             if self.kind == Kind::Request && matches!(e, rmp_serde::decode::Error::Utf8Error(_)) {
                 return ProtocolError::BadUtf8;
             }
-            let reason = e.to_string();
-            if reason.contains(crate::body::BAD_UTF8_MARKER) {
-                ProtocolError::BadUtf8
-            } else {
-                ProtocolError::BadBody {
+            // Only our own visitor's error is exactly the marker. A substring test would
+            // also match serde's messages that quote the input ("invalid type: string
+            // \"osprey:bad-utf8\" ..."), so a peer could turn any malformed body into
+            // BAD_UTF8 (found by the `body_decoder` fuzz target).
+            match e {
+                rmp_serde::decode::Error::Syntax(msg) if msg == crate::body::BAD_UTF8_MARKER => ProtocolError::BadUtf8,
+                e => ProtocolError::BadBody {
                     kind: self.kind.name(),
-                    reason,
-                }
+                    reason: e.to_string(),
+                },
             }
         })
     }

@@ -14,7 +14,7 @@ pub mod value;
 pub use body::*;
 pub use codec::FrameCodec;
 pub use error::{ErrorCode, Origin, ProtocolError};
-pub use frame::{Frame, Kind, DEFAULT_MAX_PAYLOAD, HEADER_LEN};
+pub use frame::{Frame, Kind, DEFAULT_MAX_PAYLOAD, HEADER_LEN, MAX_BODY_DEPTH};
 pub use value::Value;
 
 /// Major protocol version. A peer announcing another major version is refused

@@ -507,6 +507,45 @@ fn sql_with_invalid_utf8_is_bad_utf8() {
     assert!(matches!(err, ProtocolError::BadUtf8), "{err:?}");
 }
 
+/// Found by the `body_decoder` fuzz target: serde's error messages quote the input
+/// ("invalid type: string \"…\""), and the BAD_UTF8 check used to look for its marker
+/// anywhere in the message, so a body holding that text where it does not belong was
+/// reported BAD_UTF8 (stream-level) instead of BAD_BODY (connection-level).
+#[test]
+fn text_quoted_in_an_error_is_not_bad_utf8() {
+    let marker = b"osprey:bad-utf8";
+    let mut fixstr = vec![0xa0 | marker.len() as u8];
+    fixstr.extend_from_slice(marker);
+    // A PING body that is that string, and REQUEST bodies with it as a bool and as a Value tag's text.
+    let ping = fixstr.clone();
+    let mut read_only = vec![0x82, 0xa3, b's', b'q', b'l', 0xa1, b'x', 0xa9];
+    read_only.extend_from_slice(b"read_only");
+    read_only.extend_from_slice(&fixstr);
+    let mut role = vec![0x83, 0xad];
+    role.extend_from_slice(b"version_major");
+    role.push(1);
+    role.push(0xad);
+    role.extend_from_slice(b"version_minor");
+    role.push(1);
+    role.extend_from_slice(&[0xa4, b'r', b'o', b'l', b'e']);
+    role.extend_from_slice(&fixstr);
+    for (kind, payload) in [(Kind::Ping, ping), (Kind::Request, read_only), (Kind::Hello, role)] {
+        let frame = Frame {
+            kind,
+            flags: 0,
+            stream: if kind.is_control() { 0 } else { 1 },
+            payload: payload.into(),
+        };
+        let err = match kind {
+            Kind::Ping => frame.body::<Ping>().unwrap_err(),
+            Kind::Hello => frame.body::<Hello>().unwrap_err(),
+            _ => frame.body::<Request>().unwrap_err(),
+        };
+        assert!(matches!(err, ProtocolError::BadBody { .. }), "{kind:?}: {err:?}");
+        assert_eq!(err.code(), ErrorCode::BadBody);
+    }
+}
+
 #[test]
 fn garbage_bodies_are_bad_body() {
     let cases: &[(Kind, &[u8])] = &[
@@ -555,6 +594,54 @@ fn deeply_nested_body_is_an_error_not_a_stack_overflow() {
         payload: p.into(),
     };
     assert!(matches!(frame.body::<Rows>(), Err(ProtocolError::BadBody { .. })));
+}
+
+/// `{rows: [], x: <levels - 1 nested arrays or maps around nil>}`: the nesting sits in an
+/// unknown field, which the decoder skips by recursing through it.
+fn nested_in_ignored_field(levels: usize, map: bool) -> Frame {
+    let mut p = vec![0x82, 0xa4, b'r', b'o', b'w', b's', 0x90, 0xa1, b'x'];
+    for _ in 1..levels {
+        if map {
+            p.extend_from_slice(&[0x81, 0x01]);
+        } else {
+            p.push(0x91);
+        }
+    }
+    p.push(0xc0);
+    Frame {
+        kind: Kind::Rows,
+        flags: 0,
+        stream: 1,
+        payload: p.into(),
+    }
+}
+
+/// Nesting in an ignored field used to be followed 1023 levels deep, which overflows a
+/// 2 MiB stack (a tokio worker thread's) in a debug build: a hostile body aborted the
+/// dispatcher. Bodies deeper than MAX_BODY_DEPTH are now refused, and what is accepted
+/// decodes on a small stack.
+#[test]
+fn nesting_in_ignored_fields_is_bounded() {
+    let run = |levels: usize, map: bool| {
+        let frame = nested_in_ignored_field(levels, map);
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || frame.body::<Rows>().map(|r| r.rows.len()))
+            .unwrap()
+            .join()
+            .expect("decoding must not overflow a 256 KiB stack")
+    };
+    for map in [false, true] {
+        assert_eq!(
+            run(MAX_BODY_DEPTH, map).unwrap(),
+            0,
+            "{MAX_BODY_DEPTH} levels are allowed"
+        );
+        for levels in [MAX_BODY_DEPTH + 1, 200, 1000, 100_000] {
+            let err = run(levels, map).unwrap_err();
+            assert!(matches!(err, ProtocolError::BadBody { .. }), "{levels} levels: {err:?}");
+        }
+    }
 }
 
 #[test]

@@ -62,14 +62,16 @@ fn example() -> Vec<(&'static str, Frame)> {
                 1,
                 &Columns {
                     result_set: 0,
-                    // What MariaDB 10.11 reports for this statement: LONGLONG, BINARY|NUM, binary charset.
+                    // Copied from what MariaDB 10.11.19 sent for this prepared statement with
+                    // Int(41) (a live run through the worker): LONGLONG, BINARY, binary charset,
+                    // length 22. Other servers and versions may describe it differently.
                     columns: vec![Column {
                         name: "? + 1".into(),
                         table: String::new(),
                         column_type: 8,
-                        flags: 128 | 32768,
+                        flags: 128,
                         charset: 63,
-                        length: 21,
+                        length: 22,
                         decimals: 0,
                     }],
                 },
