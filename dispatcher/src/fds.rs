@@ -128,9 +128,13 @@ fn reserved_slots(slots: usize) -> usize {
     slots.max(MIN_RESERVED_SLOTS)
 }
 
-/// The reserve for `config` with a pool of up to `slots` slots.
+/// The reserve for `config` with a pool of up to `slots` slots. Saturating: `pool.size`
+/// has no upper bound in the config, and a pool whose reserve overflows must come out as
+/// "does not fit", not as a panic or a wrapped, tiny reserve.
 pub fn reserve_for(config: &Config, slots: usize) -> usize {
-    FIXED_MARGIN + config.admin.max_connections + PER_SLOT * reserved_slots(slots)
+    FIXED_MARGIN
+        .saturating_add(config.admin.max_connections)
+        .saturating_add(PER_SLOT.saturating_mul(reserved_slots(slots)))
 }
 
 impl FdBudget {
@@ -175,7 +179,7 @@ impl FdBudget {
     /// client cap (a live resize, or a SIGHUP reload that keeps the running client cap).
     pub fn fits(&self, config: &Config, slots: usize) -> Result<(), FdError> {
         let reserve = reserve_for(config, slots);
-        if self.max_client_connections + reserve <= self.limit {
+        if self.max_client_connections.saturating_add(reserve) <= self.limit {
             return Ok(());
         }
         Err(FdError::NoReserve {
@@ -334,6 +338,8 @@ mod tests {
         assert_eq!(b.max_client_connections, 1024 - 640);
         b.fits(&c, 64).unwrap();
         assert!(b.fits(&c, 65).is_err());
+        // A reserve that overflows usize does not fit (and does not panic).
+        assert!(b.fits(&c, usize::MAX / 2).is_err());
         let c2 = config("[limits]\nmax_client_connections = 100\n");
         let b = FdBudget::plan(&c2, 1024).unwrap();
         // (1024 - 100 - 128) / 8 = 99 slots.
