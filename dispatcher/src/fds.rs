@@ -191,6 +191,15 @@ impl FdBudget {
             max: self.limit.saturating_sub(reserve),
         })
     }
+
+    /// Whether a SIGHUP may apply `new` while `running` is what the process started with.
+    /// The client cap and `[admin]` stay as started until a restart, so the new file's own
+    /// plan must be sound and its pool must fit beside the running client cap and the
+    /// running admin cap (the new file's `admin.max_connections` is not in force yet).
+    pub fn check_reload(&self, running: &Config, new: &Config) -> Result<(), FdError> {
+        FdBudget::plan(new, self.limit as u64)?;
+        self.fits(running, new.max_pool_size())
+    }
 }
 
 /// Descriptors this process holds now (entries of `/proc/self/fd`, less the one the
@@ -345,5 +354,24 @@ mod tests {
         // (1024 - 100 - 128) / 8 = 99 slots.
         b.fits(&c2, 99).unwrap();
         assert!(b.fits(&c2, 100).is_err());
+    }
+
+    #[test]
+    fn a_reload_is_checked_against_the_admin_cap_in_force() {
+        let running = config("");
+        let b = FdBudget::plan(&running, 1024).unwrap();
+        // 384 clients + 64 + 64 admin + 8 x 64 slots = 1024: a pool of 64 fits, 65 does not.
+        b.check_reload(&running, &config("[pool]\nsize = 64\n")).unwrap();
+        assert!(b.check_reload(&running, &config("[pool]\nsize = 65\n")).is_err());
+        // A smaller admin cap in the new file needs a restart, so it frees no descriptor
+        // for a bigger pool now: 64 + 1 + 8 x 71 = 633 would fit beside 384, but the 64
+        // admin connections still allowed need 64 + 64 + 8 x 71 = 696.
+        let e = b
+            .check_reload(&running, &config("[pool]\nsize = 71\n[admin]\nmax_connections = 1\n"))
+            .unwrap_err();
+        assert!(e.to_string().contains("admin.max_connections 64"), "{e}");
+        // A bigger one, not in force either, does not refuse a pool that fits.
+        b.check_reload(&running, &config("[pool]\nsize = 64\n[admin]\nmax_connections = 100\n"))
+            .unwrap();
     }
 }
