@@ -233,9 +233,10 @@ impl LogThrottle {
     }
 }
 
-/// What an accept loop does when accept() fails: EMFILE, ENFILE, ENOBUFS and ENOMEM
-/// pause for [`ACCEPT_BACKOFF`] and go on; an error that concerns only the one
-/// connection (ECONNABORTED, a reset before accept) goes on at once. Either is counted
+/// What an accept loop does when accept() fails: EMFILE, ENFILE, ENOBUFS, ENOMEM and
+/// any error not known to concern one connection pause for [`ACCEPT_BACKOFF`] and go
+/// on; an error that concerns only the one connection (ECONNABORTED, a reset before
+/// accept, see [`pauses_after`]) goes on at once. Either is counted
 /// in `osprey_accept_errors_total{listener}` and logged at most once a second. The loop
 /// never ends on an error.
 pub struct AcceptErrors {
@@ -253,10 +254,7 @@ impl AcceptErrors {
 
     pub async fn failed(&mut self, e: &io::Error, metrics: &Metrics) {
         metrics.accept_error(self.listener);
-        let exhausted = matches!(
-            e.raw_os_error(),
-            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-        );
+        let exhausted = pauses_after(e);
         if let Some(failures) = self.log.event() {
             warn!(
                 listener = self.listener,
@@ -273,6 +271,31 @@ impl AcceptErrors {
             tokio::time::sleep(ACCEPT_BACKOFF).await;
         }
     }
+}
+
+/// Whether an accept loop pauses after `e`: always, except after an error about the one
+/// pending connection (aborted or reset before accept, or a network error Linux passes
+/// on from it, see accept(2)), after which the next accept may well succeed. An error
+/// not known to be per-connection may fail every call the same way (EBADF, EINVAL...):
+/// retrying it at once would spin at full CPU.
+fn pauses_after(e: &io::Error) -> bool {
+    !matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::ECONNRESET
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::ENETDOWN
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::EOPNOTSUPP
+                | libc::ENETUNREACH
+                | libc::ETIMEDOUT
+        )
+    )
 }
 
 /// Raises the soft file limit, logs both limits, and plans the budget for `config`.
@@ -354,6 +377,29 @@ mod tests {
         // (1024 - 100 - 128) / 8 = 99 slots.
         b.fits(&c2, 99).unwrap();
         assert!(b.fits(&c2, 100).is_err());
+    }
+
+    #[test]
+    fn accept_loops_pause_unless_the_error_is_about_one_connection() {
+        let pauses = |errno| pauses_after(&io::Error::from_raw_os_error(errno));
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
+            assert!(pauses(errno), "errno {errno}");
+        }
+        // Errors about the one pending connection: the next accept may well succeed.
+        for errno in [
+            libc::ECONNABORTED,
+            libc::ECONNRESET,
+            libc::EPROTO,
+            libc::EPERM,
+            libc::ENETUNREACH,
+        ] {
+            assert!(!pauses(errno), "errno {errno}");
+        }
+        // Anything else may fail the same way on every call: never retried at full CPU.
+        for errno in [libc::EINVAL, libc::EBADF, libc::ENOTSOCK, libc::EFAULT] {
+            assert!(pauses(errno), "errno {errno}");
+        }
+        assert!(pauses_after(&io::Error::other("not an OS error")));
     }
 
     #[test]
