@@ -47,10 +47,36 @@ struct Ended {
     closed_after: Option<Duration>,
 }
 
-/// Opens `n` connections to `addr` at once (the i-th of kind `kinds[i % kinds.len()]`)
-/// and keeps each until the peer closes it or `hold` passes. Returns, once every connect
-/// has succeeded or given up, how many connected, and the tasks, whose results say when
-/// the dispatcher closed each (`None` for a connect that failed).
+/// Connections opened at once by [`flood`]: below the admin listener's backlog (128; the
+/// client listener's is 1024).
+const FLOOD_BATCH: usize = 64;
+
+/// Connections the kernel completed but the listener on `addr` has not accepted yet (its
+/// accept queue: `rx_queue` of the LISTEN socket in /proc/net/tcp).
+fn accept_queue(addr: std::net::SocketAddr) -> Option<usize> {
+    let std::net::SocketAddr::V4(a) = addr else {
+        return None;
+    };
+    let local = format!("{:08X}:{:04X}", u32::from_le_bytes(a.ip().octets()), a.port());
+    std::fs::read_to_string("/proc/net/tcp").ok()?.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() > 4 && f[1] == local && f[3] == "0A" {
+            usize::from_str_radix(f[4].split(':').nth(1)?, 16).ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// Opens `n` connections to `addr` (the i-th of kind `kinds[i % kinds.len()]`) and keeps
+/// each until the peer closes it or `hold` passes. Returns, once every connect has
+/// succeeded or given up, how many connected, and the tasks, whose results say when the
+/// dispatcher closed each (`None` for a connect that failed).
+///
+/// They are opened [`FLOOD_BATCH`] at a time, each batch once the listener has accepted
+/// the previous one: a connection completed past a full accept queue (with SYN cookies)
+/// looks established to us but does not exist for the dispatcher, which can then never
+/// close it.
 async fn flood(
     addr: std::net::SocketAddr,
     n: usize,
@@ -59,7 +85,19 @@ async fn flood(
 ) -> (usize, JoinSet<Option<Ended>>) {
     let mut set = JoinSet::new();
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (mut connected, mut settled) = (0, 0);
     for i in 0..n {
+        if i > 0 && i % FLOOD_BATCH == 0 {
+            while settled < i {
+                connected += usize::from(done_rx.recv().await.unwrap_or(false));
+                settled += 1;
+            }
+            wait_for(MARGIN, "the flood's last batch accepted", || async {
+                (accept_queue(addr)? < 16).then_some(())
+            })
+            .await
+            .expect("the listener accepts the flood");
+        }
         let kind = kinds[i % kinds.len()];
         let done = done_tx.clone();
         set.spawn(async move {
@@ -100,9 +138,9 @@ async fn flood(
         });
     }
     drop(done_tx);
-    let mut connected = 0;
-    for _ in 0..n {
+    while settled < n {
         connected += usize::from(done_rx.recv().await.unwrap_or(false));
+        settled += 1;
     }
     (connected, set)
 }
