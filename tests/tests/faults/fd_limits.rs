@@ -586,3 +586,56 @@ async fn token_slots_answer_status_while_a_flood_holds_the_admin_port() {
         "closed after {after:?}: before the head timeout"
     );
 }
+
+/// A peer that sends requests but never reads the answers: once the socket buffers are
+/// full, no byte moves, and the connection is closed after `admin.idle_timeout_ms`
+/// (the requests were handled, so the handler's busy time does not hold it open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_peer_that_never_reads_its_answers_is_closed_when_idle() {
+    let _serial = serial().await;
+    let sandbox = backend().await;
+    let config = Dispatcher::config_for(sandbox.primary(), "[pool]\nsize = 1\n");
+    let d = Dispatcher::start_with(config).await.expect("dispatcher starts");
+    let idle_timeout = Duration::from_millis(5_000); // admin.idle_timeout_ms default
+    let request = format!(
+        "GET /status HTTP/1.1\r\nHost: osprey\r\nAuthorization: Bearer {}\r\n\r\n",
+        d.admin_token
+    );
+    // ~20 MB of answers pipelined: far more than loopback socket buffers hold.
+    let requests = request.repeat(30_000);
+    let s = TcpStream::connect(d.admin_addr).await.expect("connect");
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(requests.as_bytes()).await;
+        wr
+    });
+    let open = || async { d.status().await.ok()?["fds"]["admin_connections"].as_i64() };
+    // Held (this one and the /status asking) while the buffers fill...
+    wait_for(MARGIN, "the pipelining connection held", || async {
+        (open().await? >= 2).then_some(())
+    })
+    .await
+    .expect("the connection that does not read is served");
+    // ...then closed by the idle timeout, not held for ever by the unread answers.
+    let t = Instant::now();
+    wait_for(
+        idle_timeout + MARGIN,
+        "the connection that never reads closed",
+        || async { (open().await? == 1).then_some(()) },
+    )
+    .await
+    .expect("a peer that never reads is closed within idle_timeout + 10 s");
+    println!("peer that never reads closed {} ms after it was seen held", ms(t));
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0;
+    // What was in flight arrives, then EOF or a reset: the dispatcher closed its end.
+    loop {
+        match tokio::time::timeout(MARGIN, rd.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got += n,
+            Err(_) => panic!("the dispatcher's end is still open after {got} bytes"),
+        }
+    }
+    println!("{got} bytes of answers were in the socket buffers");
+    writer.abort();
+}
