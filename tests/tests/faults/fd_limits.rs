@@ -395,7 +395,9 @@ async fn client_flood_keeps_the_reserve_for_respawns() {
         .as_u64()
         .expect("max_client_connections");
     assert_eq!(cap, NOFILE - (64 + 64 + 8 * 64), "derived default client cap");
-    assert!(s["clients"]["connections"].as_u64() <= Some(cap));
+    // Not `as_u64() <= Some(cap)`: None (a missing field) would pass.
+    let clients = s["clients"]["connections"].as_u64().expect("clients.connections");
+    assert!(clients <= cap, "{clients} client connections held, cap {cap}");
     assert!(s["fds"]["open"].as_u64().expect("fds.open") < NOFILE);
     drop(flood);
 
