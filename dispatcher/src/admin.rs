@@ -7,7 +7,9 @@
 //! connection holds a permit of `admin.max_connections` (one more is closed at
 //! accept), must send its request head within `admin.header_read_timeout_ms`, is
 //! closed after `admin.idle_timeout_ms` with no byte moving and no request being
-//! handled, and each request must be answered within `admin.request_timeout_ms`.
+//! handled, and each request must be answered within `admin.request_timeout_ms`. A few
+//! permits are token slots ([`MAX_TOKEN_SLOTS`]), held only briefly by anyone without
+//! the admin token, so that a flood of the others does not lock the operator out.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -48,6 +50,14 @@ const MAX_HEAD_BYTES: usize = 16 * 1024;
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// After the stop signal, a connection gets this long to finish its request.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// Slots of `admin.max_connections` kept for when every other one is held (a flood):
+/// `min(4, max_connections / 2)`. A connection on one must send each request head within
+/// [`TOKEN_SLOT_HEAD_TIMEOUT`] and present the admin token in each request, else it is
+/// closed; so a flood holds one only that long, and an operator's `/status` gets in
+/// once the flood stops coming instead of when its connections time out.
+const MAX_TOKEN_SLOTS: usize = 4;
+/// An operator's client sends its whole request at once.
+const TOKEN_SLOT_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -111,19 +121,33 @@ pub fn router(state: AdminState) -> Router {
 }
 
 async fn require_token(State(state): State<AdminState>, request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
+    if has_token(request.headers(), &state.ctx.admin_token) {
+        next.run(request).await
+    } else {
+        unauthorized(false)
+    }
+}
+
+fn has_token(headers: &header::HeaderMap, admin_token: &str) -> bool {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        Some(token) if constant_time_eq(token.as_bytes(), state.ctx.admin_token.as_bytes()) => next.run(request).await,
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            "admin token required: Authorization: Bearer <token>\n",
-        )
-            .into_response(),
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|token| constant_time_eq(token.as_bytes(), admin_token.as_bytes()))
+}
+
+fn unauthorized(close: bool) -> Response {
+    let mut response = (
+        StatusCode::UNAUTHORIZED,
+        "admin token required: Authorization: Bearer <token>\n",
+    )
+        .into_response();
+    if close {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
     }
+    response
 }
 
 pub fn status_of(ctx: &Ctx, budget: &FdBudget) -> Status {
@@ -192,8 +216,11 @@ async fn metrics(State(state): State<AdminState>) -> Response {
 pub async fn serve(listener: TcpListener, state: AdminState, stop: CancellationToken) {
     let cfg = state.ctx.config.admin.clone();
     let metrics = state.ctx.metrics.clone();
+    let admin_token: Arc<str> = state.ctx.admin_token.as_str().into();
     let app = router(state);
-    let permits = Arc::new(Semaphore::new(cfg.max_connections));
+    let token_slots = MAX_TOKEN_SLOTS.min(cfg.max_connections / 2);
+    let permits = Arc::new(Semaphore::new(cfg.max_connections - token_slots));
+    let token_permits = Arc::new(Semaphore::new(token_slots));
     let mut errors = AcceptErrors::new("admin");
     let mut conns = JoinSet::new();
     loop {
@@ -209,18 +236,27 @@ pub async fn serve(listener: TcpListener, state: AdminState, stop: CancellationT
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            // Closed at once rather than left in the backlog: the peer learns at once,
-            // and the descriptor is back before the next accept.
-            metrics.admin_rejected.inc();
-            debug!(%peer, "admin.max_connections open; closing a new admin connection");
-            continue;
+        let (permit, token_slot) = match permits.clone().try_acquire_owned() {
+            Ok(p) => (p, false),
+            Err(_) => match token_permits.clone().try_acquire_owned() {
+                Ok(p) => (p, true),
+                Err(_) => {
+                    // Closed at once rather than left in the backlog: the peer learns at
+                    // once, and the descriptor is back before the next accept.
+                    metrics.admin_rejected.inc();
+                    debug!(%peer, "admin.max_connections open; closing a new admin connection");
+                    continue;
+                }
+            },
         };
         conns.spawn(connection(
             socket,
             app.clone(),
             cfg.clone(),
-            permit,
+            Slot {
+                _permit: permit,
+                token_only: token_slot.then(|| admin_token.clone()),
+            },
             stop.clone(),
             metrics.clone(),
         ));
@@ -229,11 +265,18 @@ pub async fn serve(listener: TcpListener, state: AdminState, stop: CancellationT
     let _ = tokio::time::timeout(SHUTDOWN_GRACE * 2, async { while conns.join_next().await.is_some() {} }).await;
 }
 
+/// What an admin connection holds of `admin.max_connections`.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    /// On a token slot: the admin token each request must present.
+    token_only: Option<Arc<str>>,
+}
+
 async fn connection(
     socket: TcpStream,
     app: Router,
     cfg: config::Admin,
-    _permit: OwnedSemaphorePermit,
+    slot: Slot,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
 ) {
@@ -248,13 +291,25 @@ async fn connection(
         activity: activity.clone(),
     });
     let request_timeout = Duration::from_millis(cfg.request_timeout_ms);
+    let mut header_read_timeout = Duration::from_millis(cfg.header_read_timeout_ms);
+    if slot.token_only.is_some() {
+        header_read_timeout = header_read_timeout.min(TOKEN_SLOT_HEAD_TIMEOUT);
+    }
+    let token_only = slot.token_only.clone();
     let service = hyper::service::service_fn({
         let activity = activity.clone();
         move |req: hyper::Request<Incoming>| {
             let app = app.clone();
             let busy = activity.busy();
+            // Refused before the router reads a byte of the body.
+            let refused = token_only
+                .as_deref()
+                .is_some_and(|token| !has_token(req.headers(), token));
             async move {
                 let _busy = busy;
+                if refused {
+                    return Ok(unauthorized(true));
+                }
                 match tokio::time::timeout(request_timeout, app.oneshot(req)).await {
                     Ok(Ok(response)) => Ok::<_, Infallible>(response),
                     Ok(Err(never)) => match never {},
@@ -271,7 +326,7 @@ async fn connection(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(cfg.header_read_timeout_ms))
+        .header_read_timeout(header_read_timeout)
         .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_REQUEST_BYTES);
     let conn = builder.serve_connection(io, service);

@@ -128,9 +128,13 @@ fn reserved_slots(slots: usize) -> usize {
     slots.max(MIN_RESERVED_SLOTS)
 }
 
-/// The reserve for `config` with a pool of up to `slots` slots.
+/// The reserve for `config` with a pool of up to `slots` slots. Saturating: `pool.size`
+/// has no upper bound in the config, and a pool whose reserve overflows must come out as
+/// "does not fit", not as a panic or a wrapped, tiny reserve.
 pub fn reserve_for(config: &Config, slots: usize) -> usize {
-    FIXED_MARGIN + config.admin.max_connections + PER_SLOT * reserved_slots(slots)
+    FIXED_MARGIN
+        .saturating_add(config.admin.max_connections)
+        .saturating_add(PER_SLOT.saturating_mul(reserved_slots(slots)))
 }
 
 impl FdBudget {
@@ -175,7 +179,7 @@ impl FdBudget {
     /// client cap (a live resize, or a SIGHUP reload that keeps the running client cap).
     pub fn fits(&self, config: &Config, slots: usize) -> Result<(), FdError> {
         let reserve = reserve_for(config, slots);
-        if self.max_client_connections + reserve <= self.limit {
+        if self.max_client_connections.saturating_add(reserve) <= self.limit {
             return Ok(());
         }
         Err(FdError::NoReserve {
@@ -186,6 +190,15 @@ impl FdBudget {
             slots: reserved_slots(slots),
             max: self.limit.saturating_sub(reserve),
         })
+    }
+
+    /// Whether a SIGHUP may apply `new` while `running` is what the process started with.
+    /// The client cap and `[admin]` stay as started until a restart, so the new file's own
+    /// plan must be sound and its pool must fit beside the running client cap and the
+    /// running admin cap (the new file's `admin.max_connections` is not in force yet).
+    pub fn check_reload(&self, running: &Config, new: &Config) -> Result<(), FdError> {
+        FdBudget::plan(new, self.limit as u64)?;
+        self.fits(running, new.max_pool_size())
     }
 }
 
@@ -220,9 +233,10 @@ impl LogThrottle {
     }
 }
 
-/// What an accept loop does when accept() fails: EMFILE, ENFILE, ENOBUFS and ENOMEM
-/// pause for [`ACCEPT_BACKOFF`] and go on; an error that concerns only the one
-/// connection (ECONNABORTED, a reset before accept) goes on at once. Either is counted
+/// What an accept loop does when accept() fails: EMFILE, ENFILE, ENOBUFS, ENOMEM and
+/// any error not known to concern one connection pause for [`ACCEPT_BACKOFF`] and go
+/// on; an error that concerns only the one connection (ECONNABORTED, a reset before
+/// accept, see [`pauses_after`]) goes on at once. Either is counted
 /// in `osprey_accept_errors_total{listener}` and logged at most once a second. The loop
 /// never ends on an error.
 pub struct AcceptErrors {
@@ -240,10 +254,7 @@ impl AcceptErrors {
 
     pub async fn failed(&mut self, e: &io::Error, metrics: &Metrics) {
         metrics.accept_error(self.listener);
-        let exhausted = matches!(
-            e.raw_os_error(),
-            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-        );
+        let exhausted = pauses_after(e);
         if let Some(failures) = self.log.event() {
             warn!(
                 listener = self.listener,
@@ -260,6 +271,31 @@ impl AcceptErrors {
             tokio::time::sleep(ACCEPT_BACKOFF).await;
         }
     }
+}
+
+/// Whether an accept loop pauses after `e`: always, except after an error about the one
+/// pending connection (aborted or reset before accept, or a network error Linux passes
+/// on from it, see accept(2)), after which the next accept may well succeed. An error
+/// not known to be per-connection may fail every call the same way (EBADF, EINVAL...):
+/// retrying it at once would spin at full CPU.
+fn pauses_after(e: &io::Error) -> bool {
+    !matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNABORTED
+                | libc::ECONNRESET
+                | libc::EPROTO
+                | libc::EPERM
+                | libc::ENETDOWN
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::EOPNOTSUPP
+                | libc::ENETUNREACH
+                | libc::ETIMEDOUT
+        )
+    )
 }
 
 /// Raises the soft file limit, logs both limits, and plans the budget for `config`.
@@ -334,10 +370,54 @@ mod tests {
         assert_eq!(b.max_client_connections, 1024 - 640);
         b.fits(&c, 64).unwrap();
         assert!(b.fits(&c, 65).is_err());
+        // A reserve that overflows usize does not fit (and does not panic).
+        assert!(b.fits(&c, usize::MAX / 2).is_err());
         let c2 = config("[limits]\nmax_client_connections = 100\n");
         let b = FdBudget::plan(&c2, 1024).unwrap();
         // (1024 - 100 - 128) / 8 = 99 slots.
         b.fits(&c2, 99).unwrap();
         assert!(b.fits(&c2, 100).is_err());
+    }
+
+    #[test]
+    fn accept_loops_pause_unless_the_error_is_about_one_connection() {
+        let pauses = |errno| pauses_after(&io::Error::from_raw_os_error(errno));
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
+            assert!(pauses(errno), "errno {errno}");
+        }
+        // Errors about the one pending connection: the next accept may well succeed.
+        for errno in [
+            libc::ECONNABORTED,
+            libc::ECONNRESET,
+            libc::EPROTO,
+            libc::EPERM,
+            libc::ENETUNREACH,
+        ] {
+            assert!(!pauses(errno), "errno {errno}");
+        }
+        // Anything else may fail the same way on every call: never retried at full CPU.
+        for errno in [libc::EINVAL, libc::EBADF, libc::ENOTSOCK, libc::EFAULT] {
+            assert!(pauses(errno), "errno {errno}");
+        }
+        assert!(pauses_after(&io::Error::other("not an OS error")));
+    }
+
+    #[test]
+    fn a_reload_is_checked_against_the_admin_cap_in_force() {
+        let running = config("");
+        let b = FdBudget::plan(&running, 1024).unwrap();
+        // 384 clients + 64 + 64 admin + 8 x 64 slots = 1024: a pool of 64 fits, 65 does not.
+        b.check_reload(&running, &config("[pool]\nsize = 64\n")).unwrap();
+        assert!(b.check_reload(&running, &config("[pool]\nsize = 65\n")).is_err());
+        // A smaller admin cap in the new file needs a restart, so it frees no descriptor
+        // for a bigger pool now: 64 + 1 + 8 x 71 = 633 would fit beside 384, but the 64
+        // admin connections still allowed need 64 + 64 + 8 x 71 = 696.
+        let e = b
+            .check_reload(&running, &config("[pool]\nsize = 71\n[admin]\nmax_connections = 1\n"))
+            .unwrap_err();
+        assert!(e.to_string().contains("admin.max_connections 64"), "{e}");
+        // A bigger one, not in force either, does not refuse a pool that fits.
+        b.check_reload(&running, &config("[pool]\nsize = 64\n[admin]\nmax_connections = 100\n"))
+            .unwrap();
     }
 }

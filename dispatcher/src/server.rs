@@ -285,9 +285,7 @@ fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path
         return;
     };
     let checked = Config::load(path).map_err(anyhow::Error::from).and_then(|new| {
-        FdBudget::plan(&new, fds.limit as u64)?;
-        // The running client cap stays until a restart: the new pool must fit beside it.
-        fds.fits(&new, new.max_pool_size())?;
+        fds.check_reload(&ctx.config, &new)?;
         Ok(new)
     });
     match checked {

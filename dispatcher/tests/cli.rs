@@ -43,6 +43,12 @@ fn check_config_rejects_unknown_keys_and_bad_values() {
             "leaves no file descriptors in reserve",
         ),
         ("[admin]\nmax_connections = 0\n", "admin.max_connections"),
+        // A pool so large that its reserve overflows usize: refused, not a panic (debug)
+        // or a wrapped, tiny reserve (release).
+        (
+            "[pool]\nsize = 9223372036854775807\n",
+            "below the dispatcher's own reserve",
+        ),
     ] {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, text).unwrap();

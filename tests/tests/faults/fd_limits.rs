@@ -27,6 +27,9 @@ const NOFILE: u64 = 1024;
 const FLOOD: usize = 1200;
 /// Every wait is bounded by this on top of the timeout it waits for (loaded 2-core CI).
 const MARGIN: Duration = Duration::from_secs(10);
+/// A connection on one of the admin port's token slots must send its request head within
+/// this (the dispatcher's `admin::TOKEN_SLOT_HEAD_TIMEOUT`).
+const TOKEN_SLOT_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
@@ -44,10 +47,36 @@ struct Ended {
     closed_after: Option<Duration>,
 }
 
-/// Opens `n` connections to `addr` at once (the i-th of kind `kinds[i % kinds.len()]`)
-/// and keeps each until the peer closes it or `hold` passes. Returns, once every connect
-/// has succeeded or given up, how many connected, and the tasks, whose results say when
-/// the dispatcher closed each (`None` for a connect that failed).
+/// Connections opened at once by [`flood`]: below the admin listener's backlog (128; the
+/// client listener's is 1024).
+const FLOOD_BATCH: usize = 64;
+
+/// Connections the kernel completed but the listener on `addr` has not accepted yet (its
+/// accept queue: `rx_queue` of the LISTEN socket in /proc/net/tcp).
+fn accept_queue(addr: std::net::SocketAddr) -> Option<usize> {
+    let std::net::SocketAddr::V4(a) = addr else {
+        return None;
+    };
+    let local = format!("{:08X}:{:04X}", u32::from_le_bytes(a.ip().octets()), a.port());
+    std::fs::read_to_string("/proc/net/tcp").ok()?.lines().find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() > 4 && f[1] == local && f[3] == "0A" {
+            usize::from_str_radix(f[4].split(':').nth(1)?, 16).ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// Opens `n` connections to `addr` (the i-th of kind `kinds[i % kinds.len()]`) and keeps
+/// each until the peer closes it or `hold` passes. Returns, once every connect has
+/// succeeded or given up, how many connected, and the tasks, whose results say when the
+/// dispatcher closed each (`None` for a connect that failed).
+///
+/// They are opened [`FLOOD_BATCH`] at a time, each batch once the listener has accepted
+/// the previous one: a connection completed past a full accept queue (with SYN cookies)
+/// looks established to us but does not exist for the dispatcher, which can then never
+/// close it.
 async fn flood(
     addr: std::net::SocketAddr,
     n: usize,
@@ -56,7 +85,19 @@ async fn flood(
 ) -> (usize, JoinSet<Option<Ended>>) {
     let mut set = JoinSet::new();
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (mut connected, mut settled) = (0, 0);
     for i in 0..n {
+        if i > 0 && i % FLOOD_BATCH == 0 {
+            while settled < i {
+                connected += usize::from(done_rx.recv().await.unwrap_or(false));
+                settled += 1;
+            }
+            wait_for(MARGIN, "the flood's last batch accepted", || async {
+                (accept_queue(addr)? < 16).then_some(())
+            })
+            .await
+            .expect("the listener accepts the flood");
+        }
         let kind = kinds[i % kinds.len()];
         let done = done_tx.clone();
         set.spawn(async move {
@@ -97,9 +138,9 @@ async fn flood(
         });
     }
     drop(done_tx);
-    let mut connected = 0;
-    for _ in 0..n {
+    while settled < n {
         connected += usize::from(done_rx.recv().await.unwrap_or(false));
+        settled += 1;
     }
     (connected, set)
 }
@@ -198,15 +239,14 @@ async fn admin_flood_leaves_clients_respawns_and_status_working() {
         .expect("kill -9 of a worker is respawned during the admin flood");
     println!("worker {old} killed, {new} started after {} ms", took.as_millis());
 
-    // /status answers once the timeouts have shed the flood (the cap is full until then).
+    // /status answers while the flood still holds the ordinary slots: through a token
+    // slot, once the flood connections on those have been closed for sending no request.
     let t = Instant::now();
-    let status = wait_for(
-        header_timeout + MARGIN,
-        "GET /status during the admin flood",
-        || async { d.status().await.ok() },
-    )
+    let status = wait_for(MARGIN, "GET /status during the admin flood", || async {
+        d.status().await.ok()
+    })
     .await
-    .expect("/status answers within header_read_timeout + 10 s");
+    .expect("/status answers within 10 s during the admin flood");
     println!("/status answered after {} ms: fds = {}", ms(t), fds(&status));
     let open = status["fds"]["open"].as_u64().expect("fds.open");
     assert!(open < NOFILE, "{open} descriptors open of {NOFILE}");
@@ -214,6 +254,7 @@ async fn admin_flood_leaves_clients_respawns_and_status_working() {
     // Every flood connection was closed by the dispatcher: at once over the cap, by the
     // idle timeout when silent or half-sent, by the header-read timeout when trickled.
     let mut at_once = 0;
+    let mut token_slot = Vec::new();
     let mut by_kind: Vec<(Kind, Vec<Duration>)> =
         vec![(Kind::Idle, vec![]), (Kind::HalfHead, vec![]), (Kind::Trickle, vec![])];
     while let Some(ended) = flood.join_next().await {
@@ -225,11 +266,26 @@ async fn admin_flood_leaves_clients_respawns_and_status_working() {
             .unwrap_or_else(|| panic!("a {:?} admin connection was never closed", ended.kind));
         if after < Duration::from_millis(500) {
             at_once += 1;
+        } else if after + Duration::from_millis(300) < idle_timeout {
+            // On a token slot (no request within TOKEN_SLOT_HEAD_TIMEOUT).
+            token_slot.push(after);
         } else if let Some((_, v)) = by_kind.iter_mut().find(|(k, _)| *k == ended.kind) {
             v.push(after);
         }
     }
     println!("admin flood: {at_once} closed at once (over admin.max_connections)");
+    let (min, max) = (token_slot.iter().min(), token_slot.iter().max());
+    println!(
+        "  on token slots: {} held, closed after {min:?} .. {max:?}",
+        token_slot.len()
+    );
+    assert!(!token_slot.is_empty(), "no flood connection landed on a token slot");
+    assert!(
+        token_slot
+            .iter()
+            .all(|d| *d + Duration::from_millis(300) >= TOKEN_SLOT_HEAD_TIMEOUT),
+        "token slots closed before their head timeout: {token_slot:?}"
+    );
     for (kind, v) in &by_kind {
         let (min, max) = (v.iter().min(), v.iter().max());
         println!("  {kind:?}: {} held, closed after {min:?} .. {max:?}", v.len());
@@ -257,11 +313,13 @@ async fn admin_flood_leaves_clients_respawns_and_status_working() {
         after + Duration::from_millis(300) >= request_timeout && after <= request_timeout + MARGIN,
         "stalled body answered after {after:?}"
     );
+    // The ordinary slots: 64 less the 4 token slots.
     let held: usize = by_kind.iter().map(|(_, v)| v.len()).sum::<usize>() + 1;
     assert!(
-        held <= 64,
-        "{held} admin connections held at once (admin.max_connections = 64)"
+        held <= 60,
+        "{held} admin connections held at once in the ordinary slots (admin.max_connections = 64, 4 token slots)"
     );
+    let held = held + token_slot.len();
     assert!(metric(&d, "osprey_admin_connections_rejected_total").await >= (connected - held) as f64 * 0.9);
 
     // The respawned worker registered; the pool is whole.
@@ -337,7 +395,9 @@ async fn client_flood_keeps_the_reserve_for_respawns() {
         .as_u64()
         .expect("max_client_connections");
     assert_eq!(cap, NOFILE - (64 + 64 + 8 * 64), "derived default client cap");
-    assert!(s["clients"]["connections"].as_u64() <= Some(cap));
+    // Not `as_u64() <= Some(cap)`: None (a missing field) would pass.
+    let clients = s["clients"]["connections"].as_u64().expect("clients.connections");
+    assert!(clients <= cap, "{clients} client connections held, cap {cap}");
     assert!(s["fds"]["open"].as_u64().expect("fds.open") < NOFILE);
     drop(flood);
 
@@ -462,4 +522,122 @@ async fn accept_emfile_pauses_and_recovers() {
     // A hot spin of two loops would burn ~2 cores' worth: 100 ticks/s each.
     assert!(ticks < 60, "{ticks} clock ticks of CPU in {elapsed:?} under EMFILE");
     drop(waiting);
+}
+
+/// While a flood holds every ordinary admin slot (here for a minute: long timeouts), the
+/// few token slots still let an operator's `/status` in: a flood connection that lands
+/// on one is closed after [`TOKEN_SLOT_HEAD_TIMEOUT`] for not having sent a request,
+/// one that sends a request without the token gets 401 and is closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_slots_answer_status_while_a_flood_holds_the_admin_port() {
+    let _serial = serial().await;
+    let sandbox = backend().await;
+    let config = Dispatcher::config_for(
+        sandbox.primary(),
+        "[pool]\nsize = 1\n[admin]\nmax_connections = 8\nidle_timeout_ms = 60000\nheader_read_timeout_ms = 60000\n",
+    );
+    let d = Dispatcher::start_with(config).await.expect("dispatcher starts");
+    // 8 slots, of which 4 are token slots: the flood fills all 8, and 4 of its
+    // connections stay for a minute.
+    let (connected, _flood) = flood(d.admin_addr, 40, &[Kind::Idle], Duration::from_secs(90)).await;
+    assert_eq!(connected, 40, "every flood connection connects");
+
+    let t = Instant::now();
+    let status = wait_for(MARGIN, "GET /status while the flood holds the admin port", || async {
+        d.status().await.ok()
+    })
+    .await
+    .expect("/status answers through a token slot while ordinary slots are held");
+    println!("/status answered after {} ms: fds = {}", ms(t), fds(&status));
+    let held = status["fds"]["admin_connections"].as_i64().expect("admin_connections");
+    assert!(held >= 5, "the flood's 4 ordinary connections and this one: {held}");
+
+    // A request without the token on a token slot: 401, and the slot is freed at once
+    // (EOF, not kept alive for the next request).
+    let answer = wait_for(MARGIN, "an answer on a token slot", || async {
+        let mut s = TcpStream::connect(d.admin_addr).await.ok()?;
+        s.write_all(b"GET /status HTTP/1.1\r\nHost: osprey\r\n\r\n")
+            .await
+            .ok()?;
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer))
+            .await
+            .expect("a token slot without the token is closed after its answer")
+            .ok()?;
+        (!answer.is_empty()).then(|| String::from_utf8_lossy(&answer).into_owned())
+    })
+    .await
+    .expect("a request without the token is answered on a token slot");
+    assert!(
+        answer.starts_with("HTTP/1.1 401"),
+        "no token on a token slot got {answer:?}"
+    );
+
+    // A silent connection on a token slot is closed after the short head timeout, not
+    // the minute the ordinary slots get.
+    let mut s = TcpStream::connect(d.admin_addr).await.expect("connect");
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(MARGIN, s.read(&mut buf))
+        .await
+        .expect("a silent connection on a token slot is closed within 1 s + 10 s");
+    let after = t.elapsed();
+    println!("silent connection on a token slot closed after {after:?} ({n:?})");
+    assert!(
+        after + Duration::from_millis(300) >= TOKEN_SLOT_HEAD_TIMEOUT,
+        "closed after {after:?}: before the head timeout"
+    );
+}
+
+/// A peer that sends requests but never reads the answers: once the socket buffers are
+/// full, no byte moves, and the connection is closed after `admin.idle_timeout_ms`
+/// (the requests were handled, so the handler's busy time does not hold it open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_peer_that_never_reads_its_answers_is_closed_when_idle() {
+    let _serial = serial().await;
+    let sandbox = backend().await;
+    let config = Dispatcher::config_for(sandbox.primary(), "[pool]\nsize = 1\n");
+    let d = Dispatcher::start_with(config).await.expect("dispatcher starts");
+    let idle_timeout = Duration::from_millis(5_000); // admin.idle_timeout_ms default
+    let request = format!(
+        "GET /status HTTP/1.1\r\nHost: osprey\r\nAuthorization: Bearer {}\r\n\r\n",
+        d.admin_token
+    );
+    // ~20 MB of answers pipelined: far more than loopback socket buffers hold.
+    let requests = request.repeat(30_000);
+    let s = TcpStream::connect(d.admin_addr).await.expect("connect");
+    let (mut rd, mut wr) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(requests.as_bytes()).await;
+        wr
+    });
+    let open = || async { d.status().await.ok()?["fds"]["admin_connections"].as_i64() };
+    // Held (this one and the /status asking) while the buffers fill...
+    wait_for(MARGIN, "the pipelining connection held", || async {
+        (open().await? >= 2).then_some(())
+    })
+    .await
+    .expect("the connection that does not read is served");
+    // ...then closed by the idle timeout, not held for ever by the unread answers.
+    let t = Instant::now();
+    wait_for(
+        idle_timeout + MARGIN,
+        "the connection that never reads closed",
+        || async { (open().await? == 1).then_some(()) },
+    )
+    .await
+    .expect("a peer that never reads is closed within idle_timeout + 10 s");
+    println!("peer that never reads closed {} ms after it was seen held", ms(t));
+    let mut buf = vec![0u8; 1 << 20];
+    let mut got = 0;
+    // What was in flight arrives, then EOF or a reset: the dispatcher closed its end.
+    loop {
+        match tokio::time::timeout(MARGIN, rd.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got += n,
+            Err(_) => panic!("the dispatcher's end is still open after {got} bytes"),
+        }
+    }
+    println!("{got} bytes of answers were in the socket buffers");
+    writer.abort();
 }
