@@ -13,7 +13,7 @@ use osprey_protocol::{
 };
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{timeout, Instant};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
@@ -22,7 +22,7 @@ use tracing::{debug, info, warn, Instrument};
 use crate::ctx::Ctx;
 use crate::job::Job;
 use crate::pool::SubmitError;
-use crate::streams::{ClientShared, OpenError};
+use crate::streams::{outbox, ClientShared, Inbox, OpenError};
 
 type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
 type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
@@ -164,7 +164,10 @@ async fn handshake(
 }
 
 async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: Writer) {
-    let (out_tx, out_rx) = mpsc::channel(ctx.config.limits.client_write_queue);
+    let (out_tx, out_rx) = outbox(
+        ctx.config.limits.client_write_queue,
+        ctx.config.limits.client_write_queue_bytes,
+    );
     let write_failed = CancellationToken::new();
     let write_timeout = ctx.client_write_timeout();
     let writer_task = tokio::spawn(write_loop(writer, out_rx, write_timeout, write_failed.clone()));
@@ -394,19 +397,30 @@ async fn open_stream(
     Ok(())
 }
 
+/// Past this the writer's buffer (which grows to the largest frame it was fed) is given
+/// back after a flush, so that an idle connection does not keep a 16 MiB buffer.
+const WRITE_BUFFER_KEEP: usize = 64 * 1024;
+
 /// Writes the client's queue to its socket. `limit` bounds each step (one frame into
 /// the buffer, which writes out what is already there; the final flush), not the whole
 /// batch: a client that keeps taking bytes is never cut off, however long a result it is
 /// being sent; one that takes nothing for `limit` is.
-async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Frame>, limit: Duration, failed: CancellationToken) {
-    while let Some(frame) = rx.recv().await {
+///
+/// A frame's share of the queue's byte budget is given back once the frame is out of
+/// the writer's buffer: feeding the next one writes out everything but a few KiB of the
+/// previous ones (the codec's backpressure boundary), and the flush the rest.
+async fn write_loop(mut writer: Writer, mut rx: Inbox, limit: Duration, failed: CancellationToken) {
+    while let Some(first) = rx.recv().await {
         let ok = async {
-            within(limit, writer.feed(frame)).await??;
+            let mut held = first.bytes;
+            within(limit, writer.feed(first.frame)).await??;
             // Coalesce whatever else is queued into the same write.
-            while let Ok(frame) = rx.try_recv() {
-                within(limit, writer.feed(frame)).await??;
+            while let Some(next) = rx.try_recv() {
+                within(limit, writer.feed(next.frame)).await??;
+                held = next.bytes;
             }
             within(limit, SinkExt::<Frame>::flush(&mut writer)).await??;
+            drop(held);
             Ok::<(), WriteFailed>(())
         }
         .await;
@@ -416,6 +430,9 @@ async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Frame>, limit: Du
             rx.close();
             while rx.recv().await.is_some() {}
             return;
+        }
+        if writer.write_buffer().capacity() > WRITE_BUFFER_KEEP {
+            *writer.write_buffer_mut() = bytes::BytesMut::new();
         }
     }
 }

@@ -129,6 +129,9 @@ pub struct Limits {
     pub max_client_connections: usize,
     /// Frames queued towards one client before its streams wait (backpressure).
     pub client_write_queue: usize,
+    /// Bytes (headers included) queued towards one client before its streams wait. A
+    /// single larger frame still goes, alone, once the queue is empty.
+    pub client_write_queue_bytes: usize,
     /// A client that does not take our bytes for this long is cut off (slow consumer).
     pub client_write_timeout_ms: u64,
 }
@@ -140,6 +143,7 @@ impl Default for Limits {
             max_payload: osprey_protocol::DEFAULT_MAX_PAYLOAD,
             max_client_connections: 20_000,
             client_write_queue: 256,
+            client_write_queue_bytes: 4 * 1024 * 1024,
             client_write_timeout_ms: 30_000,
         }
     }
@@ -235,6 +239,12 @@ impl Config {
         }
         if self.limits.max_payload < 1024 || self.limits.max_payload > u32::MAX as usize {
             return bad("limits.max_payload must be between 1 KiB and 4 GiB");
+        }
+        if self.limits.client_write_queue == 0 {
+            return bad("limits.client_write_queue must be at least 1");
+        }
+        if self.limits.client_write_queue_bytes < 4096 || self.limits.client_write_queue_bytes > u32::MAX as usize {
+            return bad("limits.client_write_queue_bytes must be between 4 KiB and 4 GiB");
         }
         if self.timeouts.keepalive_timeout_ms <= self.timeouts.keepalive_interval_ms {
             return bad("timeouts.keepalive_timeout_ms must exceed keepalive_interval_ms");
