@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use osprey_protocol::{
-    ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError, Request, Role,
-    Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError,
+    Request, Role, Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -27,8 +27,13 @@ use crate::streams::{outbox, ClientShared, Inbox, OpenError};
 type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
 type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
 
-/// Largest frame accepted before the client has authenticated.
-const HANDSHAKE_MAX_PAYLOAD: usize = 64 * 1024;
+/// Largest frame accepted before the client has authenticated (docs/PROTOCOL.md, section
+/// 15): a HELLO is a few hundred bytes. With `limits.max_pending_handshakes` it bounds what
+/// connections that have not said HELLO yet can make us buffer, all together.
+const HANDSHAKE_MAX_PAYLOAD: usize = 4096;
+/// The writer's usual coalescing boundary (tokio-util's default), restored after the
+/// handshake: the writer starts without a buffer.
+const WRITE_BACKPRESSURE: usize = 8 * 1024;
 
 /// A write to the client that failed or made no progress within its limit.
 struct WriteFailed;
@@ -74,13 +79,28 @@ pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, _permit: OwnedSemaphorePerm
     async move {
         ctx.metrics.client_connections.inc();
         let (rd, wr) = socket.into_split();
-        // Until a client has authenticated it may not make us buffer more than a HELLO.
-        let mut reader = FramedRead::new(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD));
-        let mut writer = FramedWrite::new(wr, FrameCodec::new(ctx.config.limits.max_payload));
-        match handshake(&ctx, id, &mut reader, &mut writer).await {
+        let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
+        // Only so many connections read their HELLO at once; the others wait their turn
+        // with nothing buffered (their bytes stay in the kernel), each for at most the
+        // handshake timeout, and then get that timeout's full length for their HELLO.
+        let slot = timeout(limit, ctx.handshakes.clone().acquire_owned()).await;
+        // Until a client has authenticated it may not make us buffer more than a HELLO:
+        // no buffer until its bytes come, and at most one HELLO's worth.
+        let mut reader = FramedRead::with_capacity(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD), 0);
+        let mut writer = FramedWrite::with_capacity(wr, FrameCodec::new(ctx.config.limits.max_payload), 0);
+        let shaken = match slot {
+            Ok(Ok(_slot)) => handshake(&ctx, id, limit, &mut reader, &mut writer).await,
+            _ => Err(conn_error(
+                ErrorCode::KeepaliveTimeout,
+                "too many connections in handshake; try again",
+            )),
+        };
+        match shaken {
             Ok((name, window)) => {
                 debug!(?name, window, "client connected");
                 reader.decoder_mut().set_max_payload(ctx.config.limits.max_payload);
+                reader.read_buffer_mut().reserve(WRITE_BACKPRESSURE);
+                writer.set_backpressure_boundary(WRITE_BACKPRESSURE);
                 run(&ctx, id, window, reader, writer).await;
             }
             Err(body) => {
@@ -103,20 +123,18 @@ fn protocol_error(e: &ProtocolError) -> ErrorBody {
 }
 
 /// Ok: the client's name and the per-stream window agreed (0 = no flow control).
+/// The whole exchange, HELLO_ACK included, is bounded by `limit`.
 async fn handshake(
     ctx: &Ctx,
     id: u64,
+    limit: Duration,
     reader: &mut Reader,
     writer: &mut Writer,
 ) -> Result<(Option<String>, u32), ErrorBody> {
-    let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
-    let frame = match timeout(limit, reader.next()).await {
-        Err(_) => {
-            return Err(conn_error(
-                ErrorCode::ProtocolViolation,
-                "no HELLO within the handshake timeout",
-            ))
-        }
+    let deadline = Instant::now() + limit;
+    let missed = || conn_error(ErrorCode::KeepaliveTimeout, "no HELLO within the handshake timeout");
+    let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
+        Err(_) => return Err(missed()),
         Ok(None) => return Err(conn_error(ErrorCode::ProtocolViolation, "closed before HELLO")),
         Ok(Some(Err(e))) => return Err(protocol_error(&e)),
         Ok(Some(Ok(frame))) => frame,
@@ -135,16 +153,27 @@ async fn handshake(
         };
         return Err(protocol_error(&e));
     }
-    if hello.role != Role::Client {
-        return Err(conn_error(
-            ErrorCode::AuthFailed,
-            "workers register on the worker socket",
-        ));
+    match hello.role {
+        Role::Client => {}
+        Role::Worker => {
+            return Err(conn_error(
+                ErrorCode::AuthFailed,
+                "workers register on the worker socket",
+            ))
+        }
+        Role::Unknown => return Err(conn_error(ErrorCode::AuthFailed, "unknown role")),
     }
     if !ctx.client_token_ok(hello.token.as_deref()) {
         return Err(conn_error(ErrorCode::AuthFailed, "invalid client token"));
     }
-    let window = hello.stream_window.unwrap_or(0).min(MAX_STREAM_WINDOW);
+    // Flow control is a 1.1 feature: a 1.0 client (which may still send the field, e.g.
+    // from a newer library speaking 1.0) gets none (each side uses only the features of
+    // the lower minor version, section 13).
+    let window = if hello.version_minor >= 1 {
+        hello.stream_window.unwrap_or(0).min(MAX_STREAM_WINDOW)
+    } else {
+        0
+    };
     let ack = HelloAck {
         version_major: PROTOCOL_MAJOR,
         version_minor: PROTOCOL_MINOR,
@@ -156,11 +185,11 @@ async fn handshake(
         worker: None,
         stream_window: window,
     };
-    writer
-        .send(Frame::new(Kind::HelloAck, 0, &ack))
-        .await
-        .map_err(|e| protocol_error(&e))?;
-    Ok((hello.name, window))
+    match tokio::time::timeout_at(deadline, writer.send(Frame::new(Kind::HelloAck, 0, &ack))).await {
+        Err(_) => Err(missed()),
+        Ok(Err(e)) => Err(protocol_error(&e)),
+        Ok(Ok(())) => Ok((hello.name, window)),
+    }
 }
 
 async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: Writer) {
@@ -214,8 +243,8 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
                 };
                 last_rx = Instant::now();
                 ctx.metrics.bytes_from_clients.inc_by(frame.payload.len() as u64);
-                if let Err(body) = on_frame(ctx, &shared, frame, draining).await {
-                    break Some(body);
+                if let Err(Closing(body)) = on_frame(ctx, &shared, frame, draining).await {
+                    break body;
                 }
             }
             _ = drain_poll.tick(), if draining => {
@@ -259,11 +288,21 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
     let _ = writer_task.await;
 }
 
+/// The connection is to close: after this ERROR on stream 0, or (None) quietly.
+struct Closing(Option<ErrorBody>);
+
+impl From<ErrorBody> for Closing {
+    fn from(body: ErrorBody) -> Closing {
+        Closing(Some(body))
+    }
+}
+
 /// Handles one frame. Err: a connection-level problem; the connection closes.
-async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), ErrorBody> {
+async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), Closing> {
     match frame.kind {
-        Kind::Request => open_stream(ctx, shared, frame, draining).await,
+        Kind::Request => Ok(open_stream(ctx, shared, frame, draining).await?),
         Kind::Cancel => {
+            let _: Cancel = frame.body().map_err(|e| protocol_error(&e))?;
             if shared.cancel(frame.stream) {
                 // Still waiting for a worker: answer now. Otherwise its worker link
                 // sees the token and stops the statement.
@@ -284,11 +323,12 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
                 return Err(conn_error(
                     ErrorCode::ProtocolViolation,
                     "WINDOW on a connection without flow control (no stream_window in HELLO)",
-                ));
+                )
+                .into());
             }
             let w: Window = frame.body().map_err(|e| protocol_error(&e))?;
             if w.increment == 0 {
-                return Err(conn_error(ErrorCode::ProtocolViolation, "WINDOW with increment 0"));
+                return Err(conn_error(ErrorCode::ProtocolViolation, "WINDOW with increment 0").into());
             }
             shared.grant(frame.stream, w.increment);
             Ok(())
@@ -301,11 +341,25 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
             let _ = shared.out.try_send(Frame::new(Kind::Pong, 0, &ping));
             Ok(())
         }
-        Kind::Pong | Kind::GoAway => Ok(()),
+        Kind::Pong => {
+            // Nonces are not tracked (an unknown one is ignored), but the body must be one.
+            let _: Ping = frame.body().map_err(|e| protocol_error(&e))?;
+            Ok(())
+        }
+        // Section 10: a client reports bad input with ERROR on stream 0 before it closes.
+        // Nothing is answered (it closes anyway); its open streams end as on a close.
+        Kind::Error if frame.stream == 0 => {
+            let body: ErrorBody = frame.body().map_err(|e| protocol_error(&e))?;
+            info!("client reports a connection error and closes: {body}");
+            Err(Closing(None))
+        }
+        // GOAWAY included: it is the dispatcher's (section 3). A client that wants to stop
+        // just opens no more streams and closes when its last one ended (section 10).
         other => Err(conn_error(
             ErrorCode::ProtocolViolation,
             format!("a client may not send {} frames", other.name()),
-        )),
+        )
+        .into()),
     }
 }
 

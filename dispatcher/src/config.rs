@@ -134,6 +134,9 @@ pub struct Limits {
     pub client_write_queue_bytes: usize,
     /// A client that does not take our bytes for this long is cut off (slow consumer).
     pub client_write_timeout_ms: u64,
+    /// Client connections that may be reading their HELLO at once; others wait (nothing
+    /// buffered) up to `handshake_timeout_ms` for their turn.
+    pub max_pending_handshakes: usize,
 }
 
 impl Default for Limits {
@@ -145,6 +148,7 @@ impl Default for Limits {
             client_write_queue: 256,
             client_write_queue_bytes: 4 * 1024 * 1024,
             client_write_timeout_ms: 30_000,
+            max_pending_handshakes: 1024,
         }
     }
 }
@@ -239,6 +243,9 @@ impl Config {
         }
         if self.limits.max_payload < 1024 || self.limits.max_payload > u32::MAX as usize {
             return bad("limits.max_payload must be between 1 KiB and 4 GiB");
+        }
+        if self.limits.max_pending_handshakes == 0 || self.limits.max_pending_handshakes > 1 << 20 {
+            return bad("limits.max_pending_handshakes must be between 1 and 1048576");
         }
         if self.limits.client_write_queue == 0 {
             return bad("limits.client_write_queue must be at least 1");

@@ -19,6 +19,7 @@ mod hangs;
 mod keepalive;
 mod raw;
 mod slow_client;
+mod spec_rules;
 mod stream_ids;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,203 @@
+//! Issue 9, item 6 and the spec gaps it lists: what the dispatcher does with frames and
+//! handshakes that are well-formed but outside the rules of docs/PROTOCOL.md.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use osprey_client::ErrorCode;
+use osprey_protocol::{ErrorBody, Frame, GoAway, Hello, HelloAck, Kind, Origin, Ping};
+use osprey_tests::harness::rss_kib;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::raw::{header, hello, request, Got, Raw};
+use crate::{assert_closed_loop, cluster, ms, serial};
+
+/// A frame whose payload is `payload` as it is.
+fn raw_frame(kind: Kind, stream: u32, payload: &[u8]) -> Frame {
+    Frame {
+        kind,
+        flags: 0,
+        stream,
+        payload: payload.to_vec().into(),
+    }
+}
+
+/// Bodies and directions: an array body, an unknown role, a client's GOAWAY, PONG and
+/// CANCEL bodies that are not theirs, a client's ERROR on stream 0, flow control asked
+/// for by a 1.0 HELLO, and a missed handshake deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_frames_follow_the_spec() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\n[timeouts]\nhandshake_timeout_ms = 500\n").await;
+    let d = &c.dispatcher;
+    let (addr, token) = (d.client_addr, d.client_token.as_str());
+
+    // A HELLO as a MessagePack array (fields by position) is not a body: BAD_BODY.
+    let mut raw = Raw::connect(addr).await;
+    let positional = rmp_serde::to_vec(&hello(1, token)).unwrap();
+    raw.send(raw_frame(Kind::Hello, 0, &positional)).await;
+    raw.expect_conn_error(ErrorCode::BadBody).await;
+
+    // An unknown role is a wrong role: AUTH_FAILED, not BAD_BODY.
+    #[derive(serde::Serialize)]
+    struct HelloRole<'a> {
+        version_major: u16,
+        version_minor: u16,
+        role: &'a str,
+        token: &'a str,
+    }
+    let mut raw = Raw::connect(addr).await;
+    let h = HelloRole {
+        version_major: 1,
+        version_minor: 1,
+        role: "observer",
+        token,
+    };
+    raw.send(Frame::new(Kind::Hello, 0, &h)).await;
+    raw.expect_conn_error(ErrorCode::AuthFailed).await;
+
+    // GOAWAY is the dispatcher's (section 3): from a client it is a PROTOCOL_VIOLATION.
+    let (mut raw, _) = Raw::open(addr, token).await;
+    let goaway = GoAway {
+        code: ErrorCode::ShuttingDown,
+        message: "bye".into(),
+    };
+    raw.send(Frame::new(Kind::GoAway, 0, &goaway)).await;
+    raw.expect_conn_error(ErrorCode::ProtocolViolation).await;
+
+    // PONG and CANCEL bodies are checked like any other: BAD_BODY.
+    let (mut raw, _) = Raw::open(addr, token).await;
+    raw.send(raw_frame(Kind::Pong, 0, &[0x80])).await; // {} : no nonce
+    raw.expect_conn_error(ErrorCode::BadBody).await;
+    let (mut raw, _) = Raw::open(addr, token).await;
+    raw.send(Frame::new(Kind::Pong, 0, &Ping { nonce: 12345 })).await; // unknown nonce: ignored
+    raw.send(raw_frame(Kind::Cancel, 9, &[0xa1, 0x78])).await; // "x": not a map
+    raw.expect_conn_error(ErrorCode::BadBody).await;
+
+    // A client's ERROR on stream 0 (section 10: it reports bad input, then closes): the
+    // dispatcher answers nothing, closes, and cancels the client's open stream.
+    let (mut raw, _) = Raw::open(addr, token).await;
+    raw.send(request(1, "SELECT SLEEP(30)")).await;
+    crate::wait_busy(d, Duration::from_secs(5)).await;
+    let body = ErrorBody::undispatched(Origin::Client, ErrorCode::BadFrame, "the client did not like a frame");
+    raw.send(Frame::new(Kind::Error, 0, &body)).await;
+    let t0 = Instant::now();
+    raw.expect_closed(Duration::from_secs(5)).await;
+    println!(
+        "spec rules: a client's ERROR on stream 0 closed its connection in {} ms",
+        ms(t0)
+    );
+    d.wait_idle(1, Duration::from_secs(5))
+        .await
+        .expect("the cancelled stream's worker is free");
+
+    // Flow control is 1.1: a 1.0 HELLO that asks for a window gets none; 1.1 gets it.
+    let ask = |minor| Hello {
+        version_minor: minor,
+        stream_window: Some(16),
+        ..hello(1, token)
+    };
+    for (minor, want) in [(0u16, 0u32), (1, 16)] {
+        let mut raw = Raw::connect(addr).await;
+        raw.send(Frame::new(Kind::Hello, 0, &ask(minor))).await;
+        let Got::Frame(f) = raw.next(Duration::from_secs(5)).await else {
+            panic!("no HELLO_ACK")
+        };
+        let ack: HelloAck = f.body().expect("HELLO_ACK");
+        assert_eq!(ack.stream_window, want, "HELLO 1.{minor} asking for a window of 16");
+        raw.expect_query_ok(1, "SELECT 1").await;
+    }
+
+    // No HELLO within the handshake timeout: KEEPALIVE_TIMEOUT (retryable), then the close.
+    let mut raw = Raw::connect(addr).await;
+    let e = raw.expect_conn_error(ErrorCode::KeepaliveTimeout).await;
+    assert!(e.retryable, "{e:?}");
+    assert_closed_loop(&c, &[], 1).await;
+}
+
+/// Before HELLO a connection may make the dispatcher buffer at most a small HELLO (4096
+/// bytes of payload; a larger one is FRAME_TOO_LARGE at once), and only
+/// `max_pending_handshakes` connections read their HELLO at once: the others wait, with
+/// nothing buffered, and are served in turn. It was 64 KiB per connection, unbounded in
+/// number: 1000 connections each sending most of a 60 KB "HELLO" grew the dispatcher by
+/// about 60 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_before_hello_are_bounded() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\n[timeouts]\nhandshake_timeout_ms = 2000\n").await;
+    let d = &c.dispatcher;
+    let (addr, token) = (d.client_addr, d.client_token.clone());
+
+    // A HELLO over 4096 bytes: FRAME_TOO_LARGE, on the header alone.
+    let mut raw = Raw::connect(addr).await;
+    raw.send_bytes(&header(5000, Kind::Hello as u8, 0)).await;
+    raw.expect_conn_error(ErrorCode::FrameTooLarge).await;
+    // A normal HELLO of nearly 4096 bytes is fine.
+    let big = Hello {
+        name: Some("n".repeat(3900)),
+        ..hello(1, &token)
+    };
+    let mut raw = Raw::connect(addr).await;
+    raw.send(Frame::new(Kind::Hello, 0, &big)).await;
+    let Got::Frame(f) = raw.next(Duration::from_secs(5)).await else {
+        panic!("no answer")
+    };
+    assert_eq!(f.kind, Kind::HelloAck, "{f:?}");
+
+    // 1000 connections that each send most of a 60 KB HELLO and wait.
+    const CONNS: usize = 1000;
+    let rss0 = rss_kib(d.pid()).unwrap();
+    let socks = join_all((0..CONNS).map(|_| async move {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut bytes = header(60_000, Kind::Hello as u8, 0).to_vec();
+        bytes.resize(12 + 59_000, 0x80);
+        let _ = s.write_all(&bytes).await; // refused early: the write may fail
+        s
+    }))
+    .await;
+    let mut peak = rss0;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(rss_kib(d.pid()).unwrap());
+    }
+    let grew_mib = peak.saturating_sub(rss0) as f64 / 1024.0;
+    println!("before HELLO: {CONNS} connections sending 59 KB each: dispatcher RSS {rss0} KiB -> peak {peak} KiB (+{grew_mib:.1} MiB)");
+    drop(socks);
+    assert!(grew_mib < 16.0, "dispatcher RSS grew by {grew_mib:.1} MiB");
+    Raw::open(addr, &token).await.0.expect_query_ok(1, "SELECT 1").await;
+    assert_closed_loop(&c, &[], 1).await;
+}
+
+/// `limits.max_pending_handshakes`: with 4, four silent connections hold every handshake
+/// slot; a fifth client's HELLO is read only when one frees (the silent ones are refused
+/// at the handshake timeout), and then it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_wait_for_a_slot() {
+    let _serial = serial().await;
+    let c =
+        cluster("[pool]\nsize = 1\n[limits]\nmax_pending_handshakes = 4\n[timeouts]\nhandshake_timeout_ms = 1500\n")
+            .await;
+    let d = &c.dispatcher;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(Raw::connect(d.client_addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = Instant::now();
+    let mut raw = Raw::connect(d.client_addr).await;
+    raw.send(Frame::new(Kind::Hello, 0, &hello(1, &d.client_token))).await;
+    let Got::Frame(f) = raw.next(Duration::from_secs(5)).await else {
+        panic!("closed")
+    };
+    let waited = ms(t0);
+    assert_eq!(f.kind, Kind::HelloAck, "{f:?}");
+    for mut s in silent {
+        s.expect_conn_error(ErrorCode::KeepaliveTimeout).await;
+    }
+    println!("handshake slots: the fifth HELLO was answered after {waited} ms");
+    // The silent ones held their slots for about handshake_timeout (minus our 200 ms).
+    assert!(waited >= 1000, "answered after {waited} ms: the slots did not hold");
+    raw.expect_query_ok(1, "SELECT 1").await;
+    assert_closed_loop(&c, &[], 1).await;
+}
