@@ -23,23 +23,34 @@ fn raw_frame(kind: Kind, stream: u32, payload: &[u8]) -> Frame {
     }
 }
 
-/// Bodies and directions: an array body, an unknown role, a client's GOAWAY, PONG and
-/// CANCEL bodies that are not theirs, a client's ERROR on stream 0, flow control asked
-/// for by a 1.0 HELLO, and a missed handshake deadline.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_frames_follow_the_spec() {
-    let _serial = serial().await;
-    let c = cluster("[pool]\nsize = 1\n[timeouts]\nhandshake_timeout_ms = 500\n").await;
-    let d = &c.dispatcher;
-    let (addr, token) = (d.client_addr, d.client_token.as_str());
+/// A dispatcher for one scenario of this file.
+async fn one(handshake_ms: u64) -> osprey_tests::harness::Cluster {
+    cluster(&format!(
+        "[pool]\nsize = 1\n[timeouts]\nhandshake_timeout_ms = {handshake_ms}\n"
+    ))
+    .await
+}
 
-    // A HELLO as a MessagePack array (fields by position) is not a body: BAD_BODY.
-    let mut raw = Raw::connect(addr).await;
-    let positional = rmp_serde::to_vec(&hello(1, token)).unwrap();
+/// A HELLO as a MessagePack array (fields by position) is not a body: BAD_BODY. It was
+/// accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_sent_as_an_array_is_a_bad_body() {
+    let _serial = serial().await;
+    let c = one(5000).await;
+    let d = &c.dispatcher;
+    let mut raw = Raw::connect(d.client_addr).await;
+    let positional = rmp_serde::to_vec(&hello(1, &d.client_token)).unwrap();
     raw.send(raw_frame(Kind::Hello, 0, &positional)).await;
     raw.expect_conn_error(ErrorCode::BadBody).await;
+    assert_closed_loop(&c, &[], 1).await;
+}
 
-    // An unknown role is a wrong role: AUTH_FAILED, not BAD_BODY.
+/// An unknown role is a wrong role: AUTH_FAILED, not BAD_BODY (section 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_role_is_refused_as_a_wrong_role() {
+    let _serial = serial().await;
+    let c = one(5000).await;
+    let d = &c.dispatcher;
     #[derive(serde::Serialize)]
     struct HelloRole<'a> {
         version_major: u16,
@@ -47,37 +58,61 @@ async fn client_frames_follow_the_spec() {
         role: &'a str,
         token: &'a str,
     }
-    let mut raw = Raw::connect(addr).await;
+    let mut raw = Raw::connect(d.client_addr).await;
     let h = HelloRole {
         version_major: 1,
         version_minor: 1,
         role: "observer",
-        token,
+        token: &d.client_token,
     };
     raw.send(Frame::new(Kind::Hello, 0, &h)).await;
     raw.expect_conn_error(ErrorCode::AuthFailed).await;
+    assert_closed_loop(&c, &[], 1).await;
+}
 
-    // GOAWAY is the dispatcher's (section 3): from a client it is a PROTOCOL_VIOLATION.
-    let (mut raw, _) = Raw::open(addr, token).await;
+/// GOAWAY is the dispatcher's (section 3): from a client it is a PROTOCOL_VIOLATION. It
+/// was ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_goaway_is_a_protocol_violation() {
+    let _serial = serial().await;
+    let c = one(5000).await;
+    let d = &c.dispatcher;
+    let (mut raw, _) = Raw::open(d.client_addr, &d.client_token).await;
     let goaway = GoAway {
         code: ErrorCode::ShuttingDown,
         message: "bye".into(),
     };
     raw.send(Frame::new(Kind::GoAway, 0, &goaway)).await;
     raw.expect_conn_error(ErrorCode::ProtocolViolation).await;
+    assert_closed_loop(&c, &[], 1).await;
+}
 
-    // PONG and CANCEL bodies are checked like any other: BAD_BODY.
+/// PONG and CANCEL bodies are checked like any other: BAD_BODY. They were not decoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pong_and_cancel_bodies_are_checked() {
+    let _serial = serial().await;
+    let c = one(5000).await;
+    let d = &c.dispatcher;
+    let (addr, token) = (d.client_addr, d.client_token.as_str());
     let (mut raw, _) = Raw::open(addr, token).await;
-    raw.send(raw_frame(Kind::Pong, 0, &[0x80])).await; // {} : no nonce
+    raw.send(raw_frame(Kind::Pong, 0, &[0x80])).await; // {}: no nonce
     raw.expect_conn_error(ErrorCode::BadBody).await;
     let (mut raw, _) = Raw::open(addr, token).await;
     raw.send(Frame::new(Kind::Pong, 0, &Ping { nonce: 12345 })).await; // unknown nonce: ignored
     raw.send(raw_frame(Kind::Cancel, 9, &[0xa1, 0x78])).await; // "x": not a map
     raw.expect_conn_error(ErrorCode::BadBody).await;
+    assert_closed_loop(&c, &[], 1).await;
+}
 
-    // A client's ERROR on stream 0 (section 10: it reports bad input, then closes): the
-    // dispatcher answers nothing, closes, and cancels the client's open stream.
-    let (mut raw, _) = Raw::open(addr, token).await;
+/// A client's ERROR on stream 0 (section 10: it reports bad input, then closes): the
+/// dispatcher answers nothing, closes, and cancels the client's open stream. It was
+/// answered with PROTOCOL_VIOLATION.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_error_on_stream_0_closes_quietly() {
+    let _serial = serial().await;
+    let c = one(5000).await;
+    let d = &c.dispatcher;
+    let (mut raw, _) = Raw::open(d.client_addr, &d.client_token).await;
     raw.send(request(1, "SELECT SLEEP(30)")).await;
     crate::wait_busy(d, Duration::from_secs(5)).await;
     let body = ErrorBody::undispatched(Origin::Client, ErrorCode::BadFrame, "the client did not like a frame");
@@ -88,19 +123,24 @@ async fn client_frames_follow_the_spec() {
         "spec rules: a client's ERROR on stream 0 closed its connection in {} ms",
         ms(t0)
     );
-    d.wait_idle(1, Duration::from_secs(5))
-        .await
-        .expect("the cancelled stream's worker is free");
+    assert_closed_loop(&c, &[], 1).await;
+}
 
-    // Flow control is 1.1: a 1.0 HELLO that asks for a window gets none; 1.1 gets it.
-    let ask = |minor| Hello {
-        version_minor: minor,
-        stream_window: Some(16),
-        ..hello(1, token)
-    };
+/// Flow control is 1.1: a 1.0 HELLO that asks for a window gets none (section 13); 1.1
+/// gets it. The 1.0 HELLO got one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_0_hello_gets_no_window() {
+    let _serial = serial().await;
+    let c = one(5000).await;
+    let d = &c.dispatcher;
     for (minor, want) in [(0u16, 0u32), (1, 16)] {
-        let mut raw = Raw::connect(addr).await;
-        raw.send(Frame::new(Kind::Hello, 0, &ask(minor))).await;
+        let ask = Hello {
+            version_minor: minor,
+            stream_window: Some(16),
+            ..hello(1, &d.client_token)
+        };
+        let mut raw = Raw::connect(d.client_addr).await;
+        raw.send(Frame::new(Kind::Hello, 0, &ask)).await;
         let Got::Frame(f) = raw.next(Duration::from_secs(5)).await else {
             panic!("no HELLO_ACK")
         };
@@ -108,9 +148,17 @@ async fn client_frames_follow_the_spec() {
         assert_eq!(ack.stream_window, want, "HELLO 1.{minor} asking for a window of 16");
         raw.expect_query_ok(1, "SELECT 1").await;
     }
+    assert_closed_loop(&c, &[], 1).await;
+}
 
-    // No HELLO within the handshake timeout: KEEPALIVE_TIMEOUT (retryable), then the close.
-    let mut raw = Raw::connect(addr).await;
+/// No HELLO within the handshake timeout: KEEPALIVE_TIMEOUT (retryable), then the close
+/// (section 10). It was an undocumented PROTOCOL_VIOLATION.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missed_handshake_deadline_is_a_keepalive_timeout() {
+    let _serial = serial().await;
+    let c = one(500).await;
+    let d = &c.dispatcher;
+    let mut raw = Raw::connect(d.client_addr).await;
     let e = raw.expect_conn_error(ErrorCode::KeepaliveTimeout).await;
     assert!(e.retryable, "{e:?}");
     assert_closed_loop(&c, &[], 1).await;
