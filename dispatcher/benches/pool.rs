@@ -47,7 +47,7 @@ fn fixture() -> Fixture {
         links.push((generation, rx));
     }
     let (out, out_rx) = outbox(64, 1 << 20);
-    let shared = ClientShared::new(1, out, 1024, 0, metrics);
+    let shared = ClientShared::new(1, out, 1024, 0, 1 << 30, metrics);
     // Jobs are dropped rather than answered here: the guard then only closes its stream.
     shared.closed.store(true, Ordering::Relaxed);
     let frame = Frame {

@@ -205,6 +205,7 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
         out_tx,
         ctx.config.limits.max_streams_per_connection as usize,
         window,
+        ctx.config.limits.max_request_bytes_per_connection,
         ctx.metrics.clone(),
     );
 
@@ -394,7 +395,7 @@ async fn open_stream(
         shared.reject(stream, conn_error(ErrorCode::InvalidRequest, msg)).await;
         return Ok(());
     }
-    let (guard, cancel) = match shared.open(stream) {
+    let (mut guard, cancel) = match shared.open(stream) {
         Ok(opened) => opened,
         Err(OpenError::Duplicate) => {
             return Err(conn_error(
@@ -412,6 +413,22 @@ async fn open_stream(
             return Ok(());
         }
     };
+    // REQUEST payloads wait in memory until a worker takes them (up to max_payload each,
+    // max_streams per connection): bounded in bytes per connection and in all.
+    let limits = &ctx.config.limits;
+    let len = frame.payload.len();
+    if !guard.take_request_bytes(&shared.request_bytes, limits.max_request_bytes_per_connection, len)
+        || !guard.take_request_bytes(&ctx.request_bytes, limits.max_request_bytes, len)
+    {
+        ctx.metrics.outcome("queue_full");
+        guard
+            .fail(conn_error(
+                ErrorCode::QueueFull,
+                "the requests waiting on this connection (or on the dispatcher) already hold their byte budget",
+            ))
+            .await;
+        return Ok(());
+    }
     if draining {
         ctx.metrics.outcome("shutting_down");
         guard

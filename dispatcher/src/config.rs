@@ -137,6 +137,11 @@ pub struct Limits {
     /// Client connections that may be reading their HELLO at once; others wait (nothing
     /// buffered) up to `handshake_timeout_ms` for their turn.
     pub max_pending_handshakes: usize,
+    /// Bytes of REQUEST payload the open streams of one connection may hold; a REQUEST
+    /// that does not fit fails alone with QUEUE_FULL (one larger than this goes alone).
+    pub max_request_bytes_per_connection: usize,
+    /// The same for all client connections together.
+    pub max_request_bytes: usize,
 }
 
 impl Default for Limits {
@@ -149,6 +154,8 @@ impl Default for Limits {
             client_write_queue_bytes: 4 * 1024 * 1024,
             client_write_timeout_ms: 30_000,
             max_pending_handshakes: 1024,
+            max_request_bytes_per_connection: 64 * 1024 * 1024,
+            max_request_bytes: 1024 * 1024 * 1024,
         }
     }
 }
@@ -246,6 +253,13 @@ impl Config {
         }
         if self.limits.max_pending_handshakes == 0 || self.limits.max_pending_handshakes > 1 << 20 {
             return bad("limits.max_pending_handshakes must be between 1 and 1048576");
+        }
+        let (conn, all) = (
+            self.limits.max_request_bytes_per_connection,
+            self.limits.max_request_bytes,
+        );
+        if conn < 4096 || all < conn || all > u32::MAX as usize {
+            return bad("limits: 4 KiB <= max_request_bytes_per_connection <= max_request_bytes < 4 GiB");
         }
         if self.limits.client_write_queue == 0 {
             return bad("limits.client_write_queue must be at least 1");

@@ -30,6 +30,8 @@ pub struct Ctx {
     /// with the small frame limit before HELLO, a global bound on what unauthenticated
     /// connections can make us buffer.
     pub handshakes: Arc<Semaphore>,
+    /// Bytes of REQUEST payload all open client streams may hold (`limits.max_request_bytes`).
+    pub request_bytes: Arc<Semaphore>,
     next_conn_id: AtomicU64,
 }
 
@@ -45,8 +47,12 @@ impl Ctx {
         worker_settings: WorkerSettings,
     ) -> Ctx {
         let handshakes = Arc::new(Semaphore::new(config.limits.max_pending_handshakes));
+        let request_bytes = Arc::new(Semaphore::new(
+            config.limits.max_request_bytes.clamp(1, u32::MAX as usize),
+        ));
         Ctx {
             handshakes,
+            request_bytes,
             config,
             pool,
             metrics,

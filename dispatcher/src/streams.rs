@@ -147,6 +147,8 @@ pub struct ClientShared {
     max_streams: usize,
     /// Per-stream flow-control window agreed in the handshake, in data frames; 0 = off.
     window: u32,
+    /// Bytes of REQUEST payload its open streams may hold (`limits.max_request_bytes_per_connection`).
+    pub request_bytes: Arc<Semaphore>,
     /// Set when the connection is gone: request tasks stop relaying to it.
     pub closed: AtomicBool,
     metrics: Arc<Metrics>,
@@ -159,13 +161,21 @@ pub enum OpenError {
 }
 
 impl ClientShared {
-    pub fn new(id: u64, out: Outbox, max_streams: usize, window: u32, metrics: Arc<Metrics>) -> Arc<ClientShared> {
+    pub fn new(
+        id: u64,
+        out: Outbox,
+        max_streams: usize,
+        window: u32,
+        request_bytes: usize,
+        metrics: Arc<Metrics>,
+    ) -> Arc<ClientShared> {
         Arc::new(ClientShared {
             id,
             out,
             streams: Mutex::new(HashMap::new()),
             max_streams,
             window,
+            request_bytes: Arc::new(Semaphore::new(request_bytes.clamp(1, u32::MAX as usize))),
             closed: AtomicBool::new(false),
             metrics,
         })
@@ -201,6 +211,7 @@ impl ClientShared {
             terminal: Terminal::Open,
             dispatched: false,
             credit,
+            request_bytes: Vec::new(),
         };
         Ok((guard, token))
     }
@@ -275,6 +286,8 @@ pub struct StreamGuard {
     dispatched: bool,
     /// The stream's flow-control credit (None: flow control off).
     credit: Option<Arc<Semaphore>>,
+    /// Its request's share of the request-byte budgets, until the stream ends.
+    request_bytes: Vec<OwnedSemaphorePermit>,
 }
 
 impl StreamGuard {
@@ -293,6 +306,20 @@ impl StreamGuard {
 
     pub fn dispatched(&self) -> bool {
         self.dispatched
+    }
+
+    /// Takes a share of `budget` (of `size` bytes in all) for a request of `len` bytes,
+    /// held until the stream ends. One larger than the whole budget takes all of it: it
+    /// goes alone. False: the budget is spent now.
+    pub fn take_request_bytes(&mut self, budget: &Arc<Semaphore>, size: usize, len: usize) -> bool {
+        let cost = len.min(size).min(u32::MAX as usize) as u32;
+        match budget.clone().try_acquire_many_owned(cost) {
+            Ok(permit) => {
+                self.request_bytes.push(permit);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// The stream's flow-control credit (`None`: flow control off). A data frame goes

@@ -249,3 +249,53 @@ async fn handshakes_wait_for_a_slot() {
     raw.expect_query_ok(1, "SELECT 1").await;
     assert_closed_loop(&c, &[], 1).await;
 }
+
+/// REQUEST payloads wait in the dispatcher until a worker takes them: up to `max_payload`
+/// each and `max_streams_per_connection` per connection (16 GiB by default). They are now
+/// bounded in bytes (`limits.max_request_bytes_per_connection`, default 64 MiB, and
+/// `max_request_bytes` in all): a REQUEST that does not fit fails alone with QUEUE_FULL.
+/// 40 waiting 8 MiB requests on one connection grew the dispatcher by over 300 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_request_bytes_are_bounded() {
+    let _serial = serial().await;
+    const N: u32 = 40;
+    let c = cluster("[pool]\nsize = 1\nqueue_timeout_ms = 60000\n").await;
+    let d = &c.dispatcher;
+    let (mut raw, _) = Raw::open(d.client_addr, &d.client_token).await;
+    raw.expect_query_ok(1, "SELECT 1").await;
+    let rss0 = rss_kib(d.pid()).unwrap();
+    let pad = "x".repeat(8 * 1024 * 1024);
+    for s in 0..N {
+        raw.send(request(2 * s + 3, &format!("SELECT SLEEP(30) /* {pad} */")))
+            .await;
+    }
+    // Every stream over the budget is answered at once: ERROR QUEUE_FULL + END.
+    let (mut full, mut ends) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let mut peak = rss0;
+    while Instant::now() < deadline {
+        peak = peak.max(rss_kib(d.pid()).unwrap());
+        match tokio::time::timeout(Duration::from_millis(200), raw.next_data(Duration::from_secs(60))).await {
+            Err(_) => {}
+            Ok(Got::Frame(f)) if f.kind == Kind::Error => {
+                let e: ErrorBody = f.body().unwrap();
+                assert_eq!(e.code, ErrorCode::QueueFull, "{e:?}");
+                assert!(!e.dispatched && e.retryable, "{e:?}");
+                full += 1;
+            }
+            Ok(Got::Frame(f)) if f.kind == Kind::End => ends += 1,
+            Ok(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    let grew_mib = peak.saturating_sub(rss0) as f64 / 1024.0;
+    println!(
+        "waiting requests: {N} × 8 MiB on one connection: {full} refused with QUEUE_FULL; \
+         dispatcher RSS {rss0} KiB -> peak {peak} KiB (+{grew_mib:.0} MiB)"
+    );
+    assert_eq!(full, ends, "each QUEUE_FULL is followed by END");
+    assert!(full >= N - 8, "only {full} of {N} refused");
+    // The 64 MiB budget, the worker link's copy of one request, buffers and slack.
+    assert!(grew_mib < 128.0, "dispatcher RSS grew by {grew_mib:.0} MiB");
+    drop(raw);
+    assert_closed_loop(&c, &[], 1).await;
+}
