@@ -15,7 +15,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use osprey_dispatcher::job::Job;
 use osprey_dispatcher::metrics::Metrics;
 use osprey_dispatcher::pool::{Next, Pool, WorkerLink, LINK_JOBS};
-use osprey_dispatcher::streams::ClientShared;
+use osprey_dispatcher::streams::{outbox, ClientShared, Inbox};
 use osprey_protocol::{Frame, Kind};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,7 @@ struct Fixture {
     links: Vec<(u64, mpsc::Receiver<Job>)>,
     frame: Frame,
     // Keeps the client's write queue open.
-    _out: mpsc::Receiver<Frame>,
+    _out: Inbox,
 }
 
 fn fixture() -> Fixture {
@@ -46,8 +46,8 @@ fn fixture() -> Fixture {
         assert!(pool.worker_ready(index, generation, link, index));
         links.push((generation, rx));
     }
-    let (out, out_rx) = mpsc::channel(64);
-    let shared = ClientShared::new(1, out, 1024, 0, metrics);
+    let (out, out_rx) = outbox(64, 1 << 20);
+    let shared = ClientShared::new(1, out, 1024, 0, 1 << 30, metrics);
     // Jobs are dropped rather than answered here: the guard then only closes its stream.
     shared.closed.store(true, Ordering::Relaxed);
     let frame = Frame {

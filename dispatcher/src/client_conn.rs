@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use osprey_protocol::{
-    ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError, Request, Role,
-    Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError,
+    Request, Role, Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{timeout, Instant};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
@@ -22,13 +22,18 @@ use tracing::{debug, info, warn, Instrument};
 use crate::ctx::Ctx;
 use crate::job::Job;
 use crate::pool::SubmitError;
-use crate::streams::{ClientShared, OpenError};
+use crate::streams::{outbox, ClientShared, Inbox, OpenError};
 
 type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
 type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
 
-/// Largest frame accepted before the client has authenticated.
-const HANDSHAKE_MAX_PAYLOAD: usize = 64 * 1024;
+/// Largest frame accepted before the client has authenticated (docs/PROTOCOL.md, section
+/// 15): a HELLO is a few hundred bytes. With `limits.max_pending_handshakes` it bounds what
+/// connections that have not said HELLO yet can make us buffer, all together.
+const HANDSHAKE_MAX_PAYLOAD: usize = 4096;
+/// The writer's usual coalescing boundary (tokio-util's default), restored after the
+/// handshake: the writer starts without a buffer.
+const WRITE_BACKPRESSURE: usize = 8 * 1024;
 
 /// A write to the client that failed or made no progress within its limit.
 struct WriteFailed;
@@ -74,13 +79,28 @@ pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, _permit: OwnedSemaphorePerm
     async move {
         ctx.metrics.client_connections.inc();
         let (rd, wr) = socket.into_split();
-        // Until a client has authenticated it may not make us buffer more than a HELLO.
-        let mut reader = FramedRead::new(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD));
-        let mut writer = FramedWrite::new(wr, FrameCodec::new(ctx.config.limits.max_payload));
-        match handshake(&ctx, id, &mut reader, &mut writer).await {
+        let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
+        // Only so many connections read their HELLO at once; the others wait their turn
+        // with nothing buffered (their bytes stay in the kernel), each for at most the
+        // handshake timeout, and then get that timeout's full length for their HELLO.
+        let slot = timeout(limit, ctx.handshakes.clone().acquire_owned()).await;
+        // Until a client has authenticated it may not make us buffer more than a HELLO:
+        // no buffer until its bytes come, and at most one HELLO's worth.
+        let mut reader = FramedRead::with_capacity(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD), 0);
+        let mut writer = FramedWrite::with_capacity(wr, FrameCodec::new(ctx.config.limits.max_payload), 0);
+        let shaken = match slot {
+            Ok(Ok(_slot)) => handshake(&ctx, id, limit, &mut reader, &mut writer).await,
+            _ => Err(conn_error(
+                ErrorCode::KeepaliveTimeout,
+                "too many connections in handshake; try again",
+            )),
+        };
+        match shaken {
             Ok((name, window)) => {
                 debug!(?name, window, "client connected");
                 reader.decoder_mut().set_max_payload(ctx.config.limits.max_payload);
+                reader.read_buffer_mut().reserve(WRITE_BACKPRESSURE);
+                writer.set_backpressure_boundary(WRITE_BACKPRESSURE);
                 run(&ctx, id, window, reader, writer).await;
             }
             Err(body) => {
@@ -103,20 +123,18 @@ fn protocol_error(e: &ProtocolError) -> ErrorBody {
 }
 
 /// Ok: the client's name and the per-stream window agreed (0 = no flow control).
+/// The whole exchange, HELLO_ACK included, is bounded by `limit`.
 async fn handshake(
     ctx: &Ctx,
     id: u64,
+    limit: Duration,
     reader: &mut Reader,
     writer: &mut Writer,
 ) -> Result<(Option<String>, u32), ErrorBody> {
-    let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
-    let frame = match timeout(limit, reader.next()).await {
-        Err(_) => {
-            return Err(conn_error(
-                ErrorCode::ProtocolViolation,
-                "no HELLO within the handshake timeout",
-            ))
-        }
+    let deadline = Instant::now() + limit;
+    let missed = || conn_error(ErrorCode::KeepaliveTimeout, "no HELLO within the handshake timeout");
+    let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
+        Err(_) => return Err(missed()),
         Ok(None) => return Err(conn_error(ErrorCode::ProtocolViolation, "closed before HELLO")),
         Ok(Some(Err(e))) => return Err(protocol_error(&e)),
         Ok(Some(Ok(frame))) => frame,
@@ -135,16 +153,27 @@ async fn handshake(
         };
         return Err(protocol_error(&e));
     }
-    if hello.role != Role::Client {
-        return Err(conn_error(
-            ErrorCode::AuthFailed,
-            "workers register on the worker socket",
-        ));
+    match hello.role {
+        Role::Client => {}
+        Role::Worker => {
+            return Err(conn_error(
+                ErrorCode::AuthFailed,
+                "workers register on the worker socket",
+            ))
+        }
+        Role::Unknown => return Err(conn_error(ErrorCode::AuthFailed, "unknown role")),
     }
     if !ctx.client_token_ok(hello.token.as_deref()) {
         return Err(conn_error(ErrorCode::AuthFailed, "invalid client token"));
     }
-    let window = hello.stream_window.unwrap_or(0).min(MAX_STREAM_WINDOW);
+    // Flow control is a 1.1 feature: a 1.0 client (which may still send the field, e.g.
+    // from a newer library speaking 1.0) gets none (each side uses only the features of
+    // the lower minor version, section 13).
+    let window = if hello.version_minor >= 1 {
+        hello.stream_window.unwrap_or(0).min(MAX_STREAM_WINDOW)
+    } else {
+        0
+    };
     let ack = HelloAck {
         version_major: PROTOCOL_MAJOR,
         version_minor: PROTOCOL_MINOR,
@@ -156,15 +185,18 @@ async fn handshake(
         worker: None,
         stream_window: window,
     };
-    writer
-        .send(Frame::new(Kind::HelloAck, 0, &ack))
-        .await
-        .map_err(|e| protocol_error(&e))?;
-    Ok((hello.name, window))
+    match tokio::time::timeout_at(deadline, writer.send(Frame::new(Kind::HelloAck, 0, &ack))).await {
+        Err(_) => Err(missed()),
+        Ok(Err(e)) => Err(protocol_error(&e)),
+        Ok(Ok(())) => Ok((hello.name, window)),
+    }
 }
 
 async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: Writer) {
-    let (out_tx, out_rx) = mpsc::channel(ctx.config.limits.client_write_queue);
+    let (out_tx, out_rx) = outbox(
+        ctx.config.limits.client_write_queue,
+        ctx.config.limits.client_write_queue_bytes,
+    );
     let write_failed = CancellationToken::new();
     let write_timeout = ctx.client_write_timeout();
     let writer_task = tokio::spawn(write_loop(writer, out_rx, write_timeout, write_failed.clone()));
@@ -173,6 +205,7 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
         out_tx,
         ctx.config.limits.max_streams_per_connection as usize,
         window,
+        ctx.config.limits.max_request_bytes_per_connection,
         ctx.metrics.clone(),
     );
 
@@ -211,8 +244,8 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
                 };
                 last_rx = Instant::now();
                 ctx.metrics.bytes_from_clients.inc_by(frame.payload.len() as u64);
-                if let Err(body) = on_frame(ctx, &shared, frame, draining).await {
-                    break Some(body);
+                if let Err(Closing(body)) = on_frame(ctx, &shared, frame, draining).await {
+                    break body;
                 }
             }
             _ = drain_poll.tick(), if draining => {
@@ -256,11 +289,21 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
     let _ = writer_task.await;
 }
 
+/// The connection is to close: after this ERROR on stream 0, or (None) quietly.
+struct Closing(Option<ErrorBody>);
+
+impl From<ErrorBody> for Closing {
+    fn from(body: ErrorBody) -> Closing {
+        Closing(Some(body))
+    }
+}
+
 /// Handles one frame. Err: a connection-level problem; the connection closes.
-async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), ErrorBody> {
+async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), Closing> {
     match frame.kind {
-        Kind::Request => open_stream(ctx, shared, frame, draining).await,
+        Kind::Request => Ok(open_stream(ctx, shared, frame, draining).await?),
         Kind::Cancel => {
+            let _: Cancel = frame.body().map_err(|e| protocol_error(&e))?;
             if shared.cancel(frame.stream) {
                 // Still waiting for a worker: answer now. Otherwise its worker link
                 // sees the token and stops the statement.
@@ -281,11 +324,12 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
                 return Err(conn_error(
                     ErrorCode::ProtocolViolation,
                     "WINDOW on a connection without flow control (no stream_window in HELLO)",
-                ));
+                )
+                .into());
             }
             let w: Window = frame.body().map_err(|e| protocol_error(&e))?;
             if w.increment == 0 {
-                return Err(conn_error(ErrorCode::ProtocolViolation, "WINDOW with increment 0"));
+                return Err(conn_error(ErrorCode::ProtocolViolation, "WINDOW with increment 0").into());
             }
             shared.grant(frame.stream, w.increment);
             Ok(())
@@ -298,11 +342,25 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
             let _ = shared.out.try_send(Frame::new(Kind::Pong, 0, &ping));
             Ok(())
         }
-        Kind::Pong | Kind::GoAway => Ok(()),
+        Kind::Pong => {
+            // Nonces are not tracked (an unknown one is ignored), but the body must be one.
+            let _: Ping = frame.body().map_err(|e| protocol_error(&e))?;
+            Ok(())
+        }
+        // Section 10: a client reports bad input with ERROR on stream 0 before it closes.
+        // Nothing is answered (it closes anyway); its open streams end as on a close.
+        Kind::Error if frame.stream == 0 => {
+            let body: ErrorBody = frame.body().map_err(|e| protocol_error(&e))?;
+            info!("client reports a connection error and closes: {body}");
+            Err(Closing(None))
+        }
+        // GOAWAY included: it is the dispatcher's (section 3). A client that wants to stop
+        // just opens no more streams and closes when its last one ended (section 10).
         other => Err(conn_error(
             ErrorCode::ProtocolViolation,
             format!("a client may not send {} frames", other.name()),
-        )),
+        )
+        .into()),
     }
 }
 
@@ -337,7 +395,7 @@ async fn open_stream(
         shared.reject(stream, conn_error(ErrorCode::InvalidRequest, msg)).await;
         return Ok(());
     }
-    let (guard, cancel) = match shared.open(stream) {
+    let (mut guard, cancel) = match shared.open(stream) {
         Ok(opened) => opened,
         Err(OpenError::Duplicate) => {
             return Err(conn_error(
@@ -355,6 +413,22 @@ async fn open_stream(
             return Ok(());
         }
     };
+    // REQUEST payloads wait in memory until a worker takes them (up to max_payload each,
+    // max_streams per connection): bounded in bytes per connection and in all.
+    let limits = &ctx.config.limits;
+    let len = frame.payload.len();
+    if !guard.take_request_bytes(&shared.request_bytes, limits.max_request_bytes_per_connection, len)
+        || !guard.take_request_bytes(&ctx.request_bytes, limits.max_request_bytes, len)
+    {
+        ctx.metrics.outcome("queue_full");
+        guard
+            .fail(conn_error(
+                ErrorCode::QueueFull,
+                "the requests waiting on this connection (or on the dispatcher) already hold their byte budget",
+            ))
+            .await;
+        return Ok(());
+    }
     if draining {
         ctx.metrics.outcome("shutting_down");
         guard
@@ -394,19 +468,30 @@ async fn open_stream(
     Ok(())
 }
 
+/// Past this the writer's buffer (which grows to the largest frame it was fed) is given
+/// back after a flush, so that an idle connection does not keep a 16 MiB buffer.
+const WRITE_BUFFER_KEEP: usize = 64 * 1024;
+
 /// Writes the client's queue to its socket. `limit` bounds each step (one frame into
 /// the buffer, which writes out what is already there; the final flush), not the whole
 /// batch: a client that keeps taking bytes is never cut off, however long a result it is
 /// being sent; one that takes nothing for `limit` is.
-async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Frame>, limit: Duration, failed: CancellationToken) {
-    while let Some(frame) = rx.recv().await {
+///
+/// A frame's share of the queue's byte budget is given back once the frame is out of
+/// the writer's buffer: feeding the next one writes out everything but a few KiB of the
+/// previous ones (the codec's backpressure boundary), and the flush the rest.
+async fn write_loop(mut writer: Writer, mut rx: Inbox, limit: Duration, failed: CancellationToken) {
+    while let Some(first) = rx.recv().await {
         let ok = async {
-            within(limit, writer.feed(frame)).await??;
+            let mut held = first.bytes;
+            within(limit, writer.feed(first.frame)).await??;
             // Coalesce whatever else is queued into the same write.
-            while let Ok(frame) = rx.try_recv() {
-                within(limit, writer.feed(frame)).await??;
+            while let Some(next) = rx.try_recv() {
+                within(limit, writer.feed(next.frame)).await??;
+                held = next.bytes;
             }
             within(limit, SinkExt::<Frame>::flush(&mut writer)).await??;
+            drop(held);
             Ok::<(), WriteFailed>(())
         }
         .await;
@@ -416,6 +501,9 @@ async fn write_loop(mut writer: Writer, mut rx: mpsc::Receiver<Frame>, limit: Du
             rx.close();
             while rx.recv().await.is_some() {}
             return;
+        }
+        if writer.write_buffer().capacity() > WRITE_BUFFER_KEEP {
+            *writer.write_buffer_mut() = bytes::BytesMut::new();
         }
     }
 }

@@ -131,8 +131,19 @@ pub struct Limits {
     pub max_client_connections: Option<usize>,
     /// Frames queued towards one client before its streams wait (backpressure).
     pub client_write_queue: usize,
+    /// Bytes (headers included) queued towards one client before its streams wait. A
+    /// single larger frame still goes, alone, once the queue is empty.
+    pub client_write_queue_bytes: usize,
     /// A client that does not take our bytes for this long is cut off (slow consumer).
     pub client_write_timeout_ms: u64,
+    /// Client connections that may be reading their HELLO at once; others wait (nothing
+    /// buffered) up to `handshake_timeout_ms` for their turn.
+    pub max_pending_handshakes: usize,
+    /// Bytes of REQUEST payload the open streams of one connection may hold; a REQUEST
+    /// that does not fit fails alone with QUEUE_FULL (one larger than this goes alone).
+    pub max_request_bytes_per_connection: usize,
+    /// The same for all client connections together.
+    pub max_request_bytes: usize,
 }
 
 impl Default for Limits {
@@ -142,7 +153,11 @@ impl Default for Limits {
             max_payload: osprey_protocol::DEFAULT_MAX_PAYLOAD,
             max_client_connections: None,
             client_write_queue: 256,
+            client_write_queue_bytes: 4 * 1024 * 1024,
             client_write_timeout_ms: 30_000,
+            max_pending_handshakes: 1024,
+            max_request_bytes_per_connection: 64 * 1024 * 1024,
+            max_request_bytes: 1024 * 1024 * 1024,
         }
     }
 }
@@ -266,6 +281,22 @@ impl Config {
         }
         if self.limits.max_payload < 1024 || self.limits.max_payload > u32::MAX as usize {
             return bad("limits.max_payload must be between 1 KiB and 4 GiB");
+        }
+        if self.limits.max_pending_handshakes == 0 || self.limits.max_pending_handshakes > 1 << 20 {
+            return bad("limits.max_pending_handshakes must be between 1 and 1048576");
+        }
+        let (conn, all) = (
+            self.limits.max_request_bytes_per_connection,
+            self.limits.max_request_bytes,
+        );
+        if conn < 4096 || all < conn || all > u32::MAX as usize {
+            return bad("limits: 4 KiB <= max_request_bytes_per_connection <= max_request_bytes < 4 GiB");
+        }
+        if self.limits.client_write_queue == 0 {
+            return bad("limits.client_write_queue must be at least 1");
+        }
+        if self.limits.client_write_queue_bytes < 4096 || self.limits.client_write_queue_bytes > u32::MAX as usize {
+            return bad("limits.client_write_queue_bytes must be between 4 KiB and 4 GiB");
         }
         if self.timeouts.keepalive_timeout_ms <= self.timeouts.keepalive_interval_ms {
             return bad("timeouts.keepalive_timeout_ms must exceed keepalive_interval_ms");

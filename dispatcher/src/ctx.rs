@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use osprey_protocol::WorkerSettings;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -25,6 +26,12 @@ pub struct Ctx {
     /// The drain deadline passed (or a second signal): fail what is left.
     pub abort: CancellationToken,
     pub started: Instant,
+    /// Client connections reading their HELLO at once (`limits.max_pending_handshakes`):
+    /// with the small frame limit before HELLO, a global bound on what unauthenticated
+    /// connections can make us buffer.
+    pub handshakes: Arc<Semaphore>,
+    /// Bytes of REQUEST payload all open client streams may hold (`limits.max_request_bytes`).
+    pub request_bytes: Arc<Semaphore>,
     next_conn_id: AtomicU64,
 }
 
@@ -39,7 +46,13 @@ impl Ctx {
         secret: String,
         worker_settings: WorkerSettings,
     ) -> Ctx {
+        let handshakes = Arc::new(Semaphore::new(config.limits.max_pending_handshakes));
+        let request_bytes = Arc::new(Semaphore::new(
+            config.limits.max_request_bytes.clamp(1, u32::MAX as usize),
+        ));
         Ctx {
+            handshakes,
+            request_bytes,
             config,
             pool,
             metrics,

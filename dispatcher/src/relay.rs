@@ -242,7 +242,11 @@ impl Relay {
                             let Ok(ping) = frame.body::<Ping>() else { return Err("bad PING body") };
                             self.write(Frame::new(Kind::Pong, 0, &ping)).await?;
                         }
-                        Kind::Pong => {}
+                        Kind::Pong => {
+                            if frame.body::<Ping>().is_err() {
+                                return Err("bad PONG body");
+                            }
+                        }
                         Kind::QuitRequest => {
                             debug!("worker asks to retire");
                             ctx.pool.quit_requested(self.slot, self.generation);

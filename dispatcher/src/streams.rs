@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, Kind, Origin};
+use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, Kind, Origin, HEADER_LEN};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +19,116 @@ use crate::metrics::Metrics;
 /// Most credit a stream can hold: a client granting more is capped here (a compliant one
 /// never holds more than its window).
 const MAX_CREDIT: usize = 1 << 24;
+
+/// A frame in a client's write queue with its share of the queue's byte budget, held
+/// until the writer has handed the frame's bytes to the socket (dropping it, even
+/// unwritten, gives them back).
+pub struct Queued {
+    pub frame: Frame,
+    pub bytes: OwnedSemaphorePermit,
+}
+
+/// The sending side of one client's write queue, bounded twice: in frames
+/// (`limits.client_write_queue`) and in bytes (`limits.client_write_queue_bytes`). The
+/// byte bound is what caps memory: a frame can be 16 MiB, so a queue of 256 frames
+/// could otherwise hold 4 GiB for a client that does not read.
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::Sender<Queued>,
+    bytes: Arc<Semaphore>,
+    budget: usize,
+}
+
+/// The writer's side of the queue.
+pub struct Inbox {
+    rx: mpsc::Receiver<Queued>,
+    bytes: Arc<Semaphore>,
+}
+
+/// Room for one frame in the queue: its bytes and its place, both taken.
+pub struct Slot<'a> {
+    place: mpsc::Permit<'a, Queued>,
+    bytes: OwnedSemaphorePermit,
+}
+
+impl Slot<'_> {
+    pub fn send(self, frame: Frame) {
+        self.place.send(Queued {
+            frame,
+            bytes: self.bytes,
+        });
+    }
+}
+
+/// A queue for `frames` frames and `budget` bytes (header included).
+pub fn outbox(frames: usize, budget: usize) -> (Outbox, Inbox) {
+    let (tx, rx) = mpsc::channel(frames.max(1));
+    let budget = budget.clamp(1, u32::MAX as usize);
+    let bytes = Arc::new(Semaphore::new(budget));
+    (
+        Outbox {
+            tx,
+            bytes: bytes.clone(),
+            budget,
+        },
+        Inbox { rx, bytes },
+    )
+}
+
+impl Outbox {
+    /// A frame's charge against the budget. One larger than the whole budget is charged
+    /// the whole budget: it goes alone, once the queue is empty.
+    fn cost(&self, len: usize) -> u32 {
+        (HEADER_LEN + len).min(self.budget) as u32
+    }
+
+    /// Waits for room for a payload of `len` bytes: its bytes first, then its place.
+    /// None: the client is gone. Cancel-safe (nothing is taken until both are there).
+    pub async fn reserve(&self, len: usize) -> Option<Slot<'_>> {
+        let bytes = self.bytes.clone().acquire_many_owned(self.cost(len)).await.ok()?;
+        let place = self.tx.reserve().await.ok()?;
+        Some(Slot { place, bytes })
+    }
+
+    /// Queues `frame`, waiting for room. False: the client is gone.
+    pub async fn send(&self, frame: Frame) -> bool {
+        match self.reserve(frame.payload.len()).await {
+            Some(slot) => {
+                slot.send(frame);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Queues `frame` if there is room now. False: full, or the client is gone.
+    pub fn try_send(&self, frame: Frame) -> bool {
+        let Ok(bytes) = self
+            .bytes
+            .clone()
+            .try_acquire_many_owned(self.cost(frame.payload.len()))
+        else {
+            return false;
+        };
+        self.tx.try_send(Queued { frame, bytes }).is_ok()
+    }
+}
+
+impl Inbox {
+    pub async fn recv(&mut self) -> Option<Queued> {
+        self.rx.recv().await
+    }
+
+    pub fn try_recv(&mut self) -> Option<Queued> {
+        self.rx.try_recv().ok()
+    }
+
+    /// No more frames: senders waiting for room (bytes or place) fail at once.
+    pub fn close(&mut self) {
+        self.bytes.close();
+        self.rx.close();
+    }
+}
 
 /// One open stream in the connection's table.
 struct Entry {
@@ -30,12 +140,15 @@ struct Entry {
 /// State shared by a client connection's reader, writer and request tasks.
 pub struct ClientShared {
     pub id: u64,
-    /// Frames to the client, written by the connection's writer task (bounded: backpressure).
-    pub out: mpsc::Sender<Frame>,
+    /// Frames to the client, written by the connection's writer task (bounded in frames
+    /// and bytes: backpressure).
+    pub out: Outbox,
     streams: Mutex<HashMap<u32, Entry>>,
     max_streams: usize,
     /// Per-stream flow-control window agreed in the handshake, in data frames; 0 = off.
     window: u32,
+    /// Bytes of REQUEST payload its open streams may hold (`limits.max_request_bytes_per_connection`).
+    pub request_bytes: Arc<Semaphore>,
     /// Set when the connection is gone: request tasks stop relaying to it.
     pub closed: AtomicBool,
     metrics: Arc<Metrics>,
@@ -50,9 +163,10 @@ pub enum OpenError {
 impl ClientShared {
     pub fn new(
         id: u64,
-        out: mpsc::Sender<Frame>,
+        out: Outbox,
         max_streams: usize,
         window: u32,
+        request_bytes: usize,
         metrics: Arc<Metrics>,
     ) -> Arc<ClientShared> {
         Arc::new(ClientShared {
@@ -61,6 +175,7 @@ impl ClientShared {
             streams: Mutex::new(HashMap::new()),
             max_streams,
             window,
+            request_bytes: Arc::new(Semaphore::new(request_bytes.clamp(1, u32::MAX as usize))),
             closed: AtomicBool::new(false),
             metrics,
         })
@@ -96,6 +211,7 @@ impl ClientShared {
             terminal: Terminal::Open,
             dispatched: false,
             credit,
+            request_bytes: Vec::new(),
         };
         Ok((guard, token))
     }
@@ -170,6 +286,8 @@ pub struct StreamGuard {
     dispatched: bool,
     /// The stream's flow-control credit (None: flow control off).
     credit: Option<Arc<Semaphore>>,
+    /// Its request's share of the request-byte budgets, until the stream ends.
+    request_bytes: Vec<OwnedSemaphorePermit>,
 }
 
 impl StreamGuard {
@@ -188,6 +306,20 @@ impl StreamGuard {
 
     pub fn dispatched(&self) -> bool {
         self.dispatched
+    }
+
+    /// Takes a share of `budget` (of `size` bytes in all) for a request of `len` bytes,
+    /// held until the stream ends. One larger than the whole budget takes all of it: it
+    /// goes alone. False: the budget is spent now.
+    pub fn take_request_bytes(&mut self, budget: &Arc<Semaphore>, size: usize, len: usize) -> bool {
+        let cost = len.min(size).min(u32::MAX as usize) as u32;
+        match budget.clone().try_acquire_many_owned(cost) {
+            Ok(permit) => {
+                self.request_bytes.push(permit);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// The stream's flow-control credit (`None`: flow control off). A data frame goes
@@ -223,7 +355,7 @@ impl StreamGuard {
             credit.is_some() || self.credit.is_none() || !matches!(frame.kind, Kind::Columns | Kind::Rows),
             "a data frame without credit"
         );
-        let Ok(permit) = self.shared.out.reserve().await else {
+        let Some(slot) = self.shared.out.reserve(frame.payload.len()).await else {
             return false;
         };
         // Spent only now that the frame goes out (a give-up before returns it).
@@ -242,7 +374,7 @@ impl StreamGuard {
             _ => {}
         }
         self.shared.metrics.bytes_to_clients.inc_by(frame.payload.len() as u64);
-        permit.send(frame);
+        slot.send(frame);
         true
     }
 
@@ -281,7 +413,7 @@ impl Drop for StreamGuard {
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 handle.spawn(async move {
                     for f in frames {
-                        if out.send(f).await.is_err() {
+                        if !out.send(f).await {
                             break;
                         }
                     }
@@ -289,5 +421,56 @@ impl Drop for StreamGuard {
             }
         }
         self.shared.close_stream(self.stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(len: usize) -> Frame {
+        Frame {
+            kind: Kind::Rows,
+            flags: 0,
+            stream: 1,
+            payload: bytes::Bytes::from(vec![0u8; len]),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_queue_is_bounded_in_bytes_and_a_big_frame_goes_alone() {
+        let (out, mut inbox) = outbox(256, 10_000);
+        assert!(out.try_send(frame(4_000)));
+        assert!(out.try_send(frame(4_000)));
+        // 2 × 4012 queued: 4012 more do not fit, though 254 places are free.
+        assert!(!out.try_send(frame(4_000)));
+        let first = inbox.try_recv().unwrap();
+        assert!(!out.try_send(frame(4_000)), "bytes are held until the writer lets go");
+        drop(first);
+        assert!(out.try_send(frame(4_000)));
+        drop(inbox.try_recv());
+        drop(inbox.try_recv());
+        // Larger than the whole budget: it goes when the queue is empty, alone.
+        assert!(out.try_send(frame(50_000)));
+        assert!(!out.try_send(frame(1)));
+        drop(inbox.try_recv());
+        assert!(out.try_send(frame(1)));
+    }
+
+    #[tokio::test]
+    async fn closing_the_queue_releases_waiting_senders() {
+        let (out, mut inbox) = outbox(256, 10_000);
+        assert!(out.try_send(frame(9_000)));
+        let waiting = tokio::spawn({
+            let out = out.clone();
+            async move { out.send(frame(9_000)).await }
+        });
+        tokio::task::yield_now().await;
+        inbox.close();
+        assert!(
+            !waiting.await.unwrap(),
+            "a sender waiting for bytes on a closed queue fails"
+        );
+        assert!(!out.send(frame(1)).await);
     }
 }

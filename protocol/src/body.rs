@@ -2,7 +2,7 @@
 //! (encoded with `rmp_serde::to_vec_named`). Unknown fields are ignored, so a
 //! minor version may add fields; `Option` fields may be absent or nil.
 
-use serde::{de, Deserialize, Deserializer, Serialize};
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{ErrorCode, Origin, ProtocolError};
 use crate::value::Value;
@@ -13,10 +13,15 @@ use crate::value::Value;
 pub enum Role {
     Client,
     Worker,
+    /// A role string this peer does not know: the dispatcher refuses it with
+    /// `AUTH_FAILED` (as any wrong role), not as a malformed body. Never sent deliberately.
+    #[serde(other)]
+    Unknown,
 }
 
 /// `HELLO` (stream 0), the first frame a connecting peer sends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Hello {
     pub version_major: u16,
     pub version_minor: u16,
@@ -61,6 +66,7 @@ impl Hello {
 
 /// Database endpoint a worker must connect to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Backend {
     /// Name of the backend in the dispatcher's config (e.g. `primary`).
     pub name: String,
@@ -89,6 +95,7 @@ pub enum SessionReset {
 
 /// Settings the dispatcher hands to a worker in its `HELLO_ACK`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct WorkerSettings {
     pub backend: Backend,
     /// Ask to retire after this many requests (0 = never).
@@ -108,6 +115,7 @@ pub struct WorkerSettings {
 
 /// `HELLO_ACK` (stream 0): the dispatcher accepts the connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct HelloAck {
     pub version_major: u16,
     pub version_minor: u16,
@@ -139,12 +147,14 @@ impl HelloAck {
 
 /// `PING` / `PONG` (stream 0). A `PONG` echoes the nonce of the `PING` it answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Ping {
     pub nonce: u64,
 }
 
 /// `GOAWAY` (stream 0): no new streams on this connection; open ones finish.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct GoAway {
     pub code: ErrorCode,
     pub message: String,
@@ -152,6 +162,7 @@ pub struct GoAway {
 
 /// `QUIT_REQUEST` (stream 0): a worker asks to retire.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct QuitRequest {
     /// `max_requests`, `max_age` or `shutdown`.
     pub reason: String,
@@ -161,11 +172,13 @@ pub struct QuitRequest {
 
 /// `QUIT_NOW` (stream 0): the dispatcher lets the worker exit. Empty map.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct QuitNow {}
 
 /// `READY` (stream 0, worker to dispatcher): the worker's database session is open.
 /// Only a ready worker is given requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Ready {
     /// The database session's connection id (`CONNECTION_ID()`), used for `KILL QUERY`.
     pub db_connection_id: u32,
@@ -175,6 +188,7 @@ pub struct Ready {
 
 /// `CANCEL` (on the stream to abort).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Cancel {
     #[serde(default)]
     pub reason: String,
@@ -184,12 +198,14 @@ pub struct Cancel {
 /// more data frames (`COLUMNS`, `ROWS`) on this stream. `ERROR` and `END` never need
 /// credit. A `WINDOW` for a stream that is no longer open is ignored (it crossed `END`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Window {
     pub increment: u32,
 }
 
 /// One statement of a batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Statement {
     #[serde(deserialize_with = "utf8_text")]
     pub sql: String,
@@ -201,6 +217,7 @@ pub struct Statement {
 /// positionally to `?` placeholders) or a non-empty `batch` (run in one
 /// transaction, all or nothing), not both.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Request {
     #[serde(default, deserialize_with = "utf8_text")]
     pub sql: String,
@@ -274,6 +291,7 @@ impl Request {
 
 /// Metadata of one column.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Column {
     pub name: String,
     #[serde(default)]
@@ -292,6 +310,7 @@ pub struct Column {
 /// `COLUMNS`: starts a result set. A stream may carry several result sets
 /// (a batch), each a `COLUMNS` followed by zero or more `ROWS`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Columns {
     /// 0-based index of the result set within the stream.
     pub result_set: u32,
@@ -300,6 +319,7 @@ pub struct Columns {
 
 /// `ROWS`: a batch of rows of the current result set, each as many values as columns.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Rows {
     pub rows: Vec<Vec<Value>>,
 }
@@ -307,6 +327,7 @@ pub struct Rows {
 /// `END`: terminal frame. After a success it carries the summary; after an `ERROR`
 /// it carries zeros and closes the stream.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct End {
     /// Sum of affected rows over the statements.
     pub affected_rows: u64,
@@ -324,6 +345,7 @@ pub struct End {
 
 /// `ERROR`: on a stream, always followed by `END`; on stream 0, the connection closes after it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct ErrorBody {
     pub origin: Origin,
     pub code: ErrorCode,
@@ -357,6 +379,7 @@ impl ErrorBody {
                     | ErrorCode::ShuttingDown
                     | ErrorCode::BackendUnavailable
                     | ErrorCode::WorkerLost
+                    | ErrorCode::KeepaliveTimeout
             ),
         }
     }
@@ -441,3 +464,67 @@ mod validate_tests {
         assert!(e.starts_with("batch statement 1: parameter 0"), "{e}");
     }
 }
+
+/// A named-field body decodes from a MessagePack map only (section 4): `rmp_serde` would
+/// also take an array and fill the fields by position, so a body that merely has the
+/// right number of elements would pass. Each body type derives its serde code as
+/// inherent functions (`remote = "Self"`) and the trait impls below put this check in
+/// front, at every nesting level (a batch's statements, a COLUMNS' columns, ...).
+trait FromMap: Sized {
+    fn from_map<'de, A: de::MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
+}
+
+fn map_only<'de, D: Deserializer<'de>, T: FromMap>(d: D) -> Result<T, D::Error> {
+    struct V<T>(std::marker::PhantomData<T>);
+    impl<'de, T: FromMap> de::Visitor<'de> for V<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of named fields")
+        }
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::from_map(map)
+        }
+    }
+    d.deserialize_map(V(std::marker::PhantomData))
+}
+
+macro_rules! named_bodies {
+    ($($t:ident),* $(,)?) => {$(
+        impl FromMap for $t {
+            fn from_map<'de, A: de::MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+                $t::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                map_only(d)
+            }
+        }
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                $t::serialize(self, s)
+            }
+        }
+    )*};
+}
+
+named_bodies!(
+    Hello,
+    Backend,
+    WorkerSettings,
+    HelloAck,
+    Ping,
+    GoAway,
+    QuitRequest,
+    QuitNow,
+    Ready,
+    Cancel,
+    Window,
+    Statement,
+    Request,
+    Column,
+    Columns,
+    Rows,
+    End,
+    ErrorBody
+);

@@ -57,6 +57,10 @@ pub enum Origin {
     Dispatcher,
     /// The client SDK produced the error locally.
     Client,
+    /// An origin string this peer does not know (sent by a newer peer): the error is kept,
+    /// never turned into a malformed body. Never sent deliberately.
+    #[serde(other)]
+    Unknown,
 }
 
 macro_rules! codes {

@@ -706,3 +706,154 @@ fn session_reset_is_a_lowercase_string_and_defaults_to_auto() {
         assert_eq!(rmp_serde::from_slice::<String>(&bytes).unwrap(), wire);
     }
 }
+
+/// Issue 9, item 6. Every body is a MessagePack map (section 4); `rmp_serde` also filled
+/// a struct from an array, by position, so `[1, 1, "client", ...]` passed as a HELLO.
+/// An array where a named-field body (or a nested one) belongs is `BAD_BODY`.
+#[test]
+fn bodies_sent_as_arrays_are_bad_bodies() {
+    fn positional<T: Serialize + serde::de::DeserializeOwned + std::fmt::Debug>(kind: Kind, stream: u32, body: &T) {
+        // `to_vec` (not `to_vec_named`) writes a struct as an array of its fields.
+        let payload = rmp_serde::to_vec(body).unwrap();
+        assert!(payload[0] & 0xf0 == 0x90 || payload[0] == 0xdc, "{payload:02x?}");
+        let frame = Frame {
+            kind,
+            flags: 0,
+            stream,
+            payload: payload.into(),
+        };
+        match frame.body::<T>() {
+            Err(e @ ProtocolError::BadBody { .. }) => assert_eq!(e.code(), ErrorCode::BadBody),
+            other => panic!("{} as an array: {other:?}", kind.name()),
+        }
+        // The same body as a map is fine.
+        Frame::new(kind, stream, body).body::<T>().unwrap();
+    }
+    let hello = Hello {
+        version_major: 1,
+        version_minor: 1,
+        role: Role::Client,
+        token: Some("t".into()),
+        secret: None,
+        slot: None,
+        pid: None,
+        name: None,
+        stream_window: Some(8),
+    };
+    positional(Kind::Hello, 0, &hello);
+    let ack = HelloAck {
+        version_major: 1,
+        version_minor: 1,
+        server: "s".into(),
+        connection_id: 1,
+        max_payload: 1024,
+        max_streams: 1,
+        keepalive_interval_ms: 1,
+        worker: None,
+        stream_window: 0,
+    };
+    positional(Kind::HelloAck, 0, &ack);
+    positional(Kind::Ping, 0, &Ping { nonce: 1 });
+    positional(Kind::Pong, 0, &Ping { nonce: 1 });
+    positional(
+        Kind::GoAway,
+        0,
+        &GoAway {
+            code: ErrorCode::ShuttingDown,
+            message: "m".into(),
+        },
+    );
+    positional(Kind::QuitNow, 0, &QuitNow {});
+    positional(Kind::Cancel, 1, &Cancel { reason: "r".into() });
+    positional(Kind::Window, 1, &Window { increment: 1 });
+    positional(Kind::Request, 1, &Request::sql("SELECT 1"));
+    positional(Kind::End, 1, &End::default());
+    positional(
+        Kind::Rows,
+        1,
+        &Rows {
+            rows: vec![vec![Value::Int(1)]],
+        },
+    );
+    positional(
+        Kind::Error,
+        0,
+        &ErrorBody::undispatched(Origin::Dispatcher, ErrorCode::Internal, "x"),
+    );
+}
+
+/// The same inside a body: a batch statement or a column sent as an array.
+#[test]
+fn nested_bodies_sent_as_arrays_are_bad_bodies() {
+    #[derive(Serialize)]
+    struct BatchOfTuples {
+        batch: Vec<(&'static str, Vec<i32>)>,
+    }
+    let f = Frame::new(
+        Kind::Request,
+        1,
+        &BatchOfTuples {
+            batch: vec![("SELECT 1", vec![])],
+        },
+    );
+    assert!(matches!(f.body::<Request>(), Err(ProtocolError::BadBody { .. })));
+    #[derive(Serialize)]
+    struct ColumnsOfTuples {
+        result_set: u32,
+        columns: Vec<(&'static str, &'static str, u8, u16, u16, u32, u8)>,
+    }
+    let f = Frame::new(
+        Kind::Columns,
+        1,
+        &ColumnsOfTuples {
+            result_set: 0,
+            columns: vec![("a", "", 3, 0, 63, 11, 0)],
+        },
+    );
+    assert!(matches!(f.body::<Columns>(), Err(ProtocolError::BadBody { .. })));
+}
+
+/// Spec gap (issue 9): an origin or role string the receiver does not know decodes as
+/// `Unknown` (the ERROR is kept; the HELLO is refused by the dispatcher as a wrong role),
+/// never as a malformed body.
+#[test]
+fn unknown_origin_and_role_strings_decode_as_unknown() {
+    #[derive(Serialize)]
+    struct ErrorWire {
+        origin: &'static str,
+        code: &'static str,
+        message: &'static str,
+        dispatched: bool,
+        retryable: bool,
+    }
+    let e: ErrorBody = decode_partial(
+        Kind::Error,
+        1,
+        &ErrorWire {
+            origin: "proxy",
+            code: "QUEUE_FULL",
+            message: "m",
+            dispatched: false,
+            retryable: true,
+        },
+    );
+    assert_eq!(e.origin, Origin::Unknown);
+    assert_eq!(e.code, ErrorCode::QueueFull);
+    assert!(e.retryable);
+    #[derive(Serialize)]
+    struct HelloWire {
+        version_major: u16,
+        version_minor: u16,
+        role: &'static str,
+    }
+    let h: Hello = decode_partial(
+        Kind::Hello,
+        0,
+        &HelloWire {
+            version_major: 1,
+            version_minor: 1,
+            role: "observer",
+        },
+    );
+    assert_eq!(h.role, Role::Unknown);
+}

@@ -406,7 +406,7 @@ async fn connection_flood(d: &Dispatcher, client: &Client) {
     let mut lives: Vec<u128> = Vec::with_capacity(FLOOD);
     for (from_start, from_open, bytes) in &conns {
         let bytes = bytes.expect("a flood connection was not closed within 15 s");
-        // The refusal (ERROR PROTOCOL_VIOLATION on stream 0) precedes the close.
+        // The refusal (ERROR KEEPALIVE_TIMEOUT on stream 0) precedes the close.
         assert!(bytes > 0, "a flood connection was closed without an ERROR frame");
         since_start.push(from_start.as_millis());
         lives.push(from_open.as_millis());

@@ -21,6 +21,7 @@ mod keepalive;
 mod malformed;
 mod raw;
 mod slow_client;
+mod spec_rules;
 mod stream_ids;
 
 use std::time::{Duration, Instant};

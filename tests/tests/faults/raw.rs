@@ -76,7 +76,9 @@ impl Raw {
 
     /// Connects and completes the handshake, asking for flow control with `window`.
     pub async fn open_with_window(addr: SocketAddr, token: &str, window: u32) -> (Raw, HelloAck) {
+        // Flow control is a 1.1 feature: a 1.0 HELLO gets none.
         let hello = Hello {
+            version_minor: 1,
             stream_window: Some(window),
             ..hello(1, token)
         };

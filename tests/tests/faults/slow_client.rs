@@ -293,3 +293,70 @@ async fn fatal_error_behind_a_full_client_queue() {
     drop(raw);
     assert_closed_loop(&c, &[], 2).await;
 }
+
+/// Issue 9, item 2. Clients that ask for rows of 4 MiB and never read (protocol 1.0, no
+/// flow control) cost the dispatcher at most their write queue's byte budget each
+/// (`client_write_queue_bytes`, default 4 MiB; a larger frame goes alone), plus the frame
+/// each worker serving them holds in hand and in its read buffer. The queue was bounded
+/// in frames only: each client made the dispatcher hold its whole result (here 50 × 4 MiB)
+/// for client_write_timeout. A well-behaved client is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_huge_rows_cost_at_most_the_byte_budget() {
+    let _serial = serial().await;
+    const HOGS: u64 = 3;
+    const ROW: u64 = 4 * 1024 * 1024;
+    const BUDGET: u64 = 4 * 1024 * 1024; // the documented default
+    let c = cluster("[pool]\nsize = 4\n").await;
+    let d = &c.dispatcher;
+    let client = d.client().await.unwrap();
+    client.query("SELECT 1", &[]).await.unwrap();
+    let rss0 = rss_kib(d.pid()).unwrap();
+
+    let mut hogs = Vec::new();
+    for _ in 0..HOGS {
+        let (mut raw, _) = Raw::open(d.client_addr, &d.client_token).await;
+        raw.send(request(1, &format!("SELECT REPEAT('x', {ROW}) FROM seq_1_to_50")))
+            .await;
+        hogs.push(raw);
+    }
+    // Until the dispatcher queues no more for them (or has queued far more than allowed).
+    let mut prev = -1.0;
+    let mut rss_max = rss0;
+    let t0 = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rss_max = rss_max.max(rss_kib(d.pid()).unwrap());
+        let now = crate::metric(d, "osprey_bytes_to_clients_total").await;
+        if (now > (HOGS * ROW) as f64 && now == prev) || t0.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+        prev = now;
+    }
+    // Meanwhile and now: a well-behaved client is served.
+    let t1 = Instant::now();
+    for i in 0..20 {
+        let r = client.query("SELECT ?", &[osprey_client::Value::Int(i)]).await;
+        if let Err(e) = r {
+            panic!("the well-behaved client failed: {}", describe(&e));
+        }
+        rss_max = rss_max.max(rss_kib(d.pid()).unwrap());
+    }
+    let served = t1.elapsed();
+    let queued = crate::metric(d, "osprey_bytes_to_clients_total").await;
+    let grew_mib = (rss_max.saturating_sub(rss0)) as f64 / 1024.0;
+    // Per hog: its queue (the budget, or one frame) and the frame its worker holds in
+    // hand plus the one in the link's read buffer; and allocator slack.
+    let bound_mib = (HOGS * (BUDGET.max(ROW) + 2 * ROW)) as f64 / 1048576.0 + 48.0;
+    println!(
+        "unread 4 MiB rows: {HOGS} clients, dispatcher RSS {rss0} KiB -> max {rss_max} KiB \
+         (+{grew_mib:.0} MiB, bound {bound_mib:.0} MiB); {:.0} MiB queued to clients; \
+         20 queries of a well-behaved client in {served:?}",
+        queued / 1048576.0
+    );
+    assert!(
+        grew_mib < bound_mib,
+        "dispatcher RSS grew by {grew_mib:.0} MiB with {HOGS} unread clients (bound {bound_mib:.0} MiB)"
+    );
+    drop(hogs);
+    assert_closed_loop(&c, &[&client], 4).await;
+}
