@@ -141,9 +141,9 @@ async fn handshake(
             "workers register on the worker socket",
         ));
     }
-    if !ctx.client_token_ok(hello.token.as_deref()) {
+    let Some(tenant) = ctx.client_token_index(hello.token.as_deref()) else {
         return Err(conn_error(ErrorCode::AuthFailed, "invalid client token"));
-    }
+    };
     let window = hello.stream_window.unwrap_or(0).min(MAX_STREAM_WINDOW);
     let ack = HelloAck {
         version_major: PROTOCOL_MAJOR,
@@ -160,6 +160,9 @@ async fn handshake(
         .send(Frame::new(Kind::HelloAck, 0, &ack))
         .await
         .map_err(|e| protocol_error(&e))?;
+    // Its requests take turns, and count against caps, as this token's (forgotten
+    // when `run` ends).
+    ctx.pool.open_conn(id, tenant);
     Ok((hello.name, window))
 }
 
@@ -381,6 +384,11 @@ async fn open_stream(
                 "queue_full",
                 ErrorCode::QueueFull,
                 "all workers busy and the wait queue is full",
+            ),
+            SubmitError::ConnectionQueueFull => (
+                "queue_full",
+                ErrorCode::QueueFull,
+                "this connection's requests waiting for a worker fill pool.queue_bytes_per_connection",
             ),
             SubmitError::ShuttingDown => (
                 "shutting_down",
