@@ -421,7 +421,7 @@ impl WaitQueue {
             // A connection's queue is in deadline order: what is due is at its front.
             let before = c.jobs.len();
             while c.jobs.front().is_some_and(|j| j.queue_deadline <= now) {
-                let job = c.jobs.pop_front().expect("front");
+                let Some(job) = c.jobs.pop_front() else { break };
                 c.bytes -= job.frame.payload.len();
                 self.bytes -= job.frame.payload.len();
                 expired.push(job);
