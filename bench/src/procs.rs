@@ -124,6 +124,8 @@ admin_token = "{ADMIN_TOKEN}"
 
 [pool]
 size = {workers}
+# One connection serves up to 256 load tasks here: let it use every worker.
+max_per_connection = 0
 max_requests = 0
 max_age_s = 0
 queue_capacity = {queue}

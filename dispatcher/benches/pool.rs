@@ -16,6 +16,7 @@ use osprey_dispatcher::job::Job;
 use osprey_dispatcher::metrics::Metrics;
 use osprey_dispatcher::pool::{Next, Pool, WorkerLink, LINK_JOBS};
 use osprey_dispatcher::streams::{outbox, ClientShared, Inbox};
+use osprey_dispatcher::wait_queue::QueueLimits;
 use osprey_protocol::{Frame, Kind};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -33,7 +34,14 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let metrics = Arc::new(Metrics::new());
-    let pool = Pool::new(WORKERS as usize, 1024, "bench".into(), metrics.clone());
+    // One client connection that may hold every worker: the cost per request of the
+    // fair queue, not its caps, is measured.
+    let pool = Pool::new(
+        WORKERS as usize,
+        QueueLimits::uncapped(1024),
+        "bench".into(),
+        metrics.clone(),
+    );
     let mut links = Vec::new();
     for index in 0..WORKERS {
         let (kill, _) = mpsc::unbounded_channel();

@@ -163,9 +163,9 @@ async fn handshake(
         }
         Role::Unknown => return Err(conn_error(ErrorCode::AuthFailed, "unknown role")),
     }
-    if !ctx.client_token_ok(hello.token.as_deref()) {
+    let Some(tenant) = ctx.client_token_index(hello.token.as_deref()) else {
         return Err(conn_error(ErrorCode::AuthFailed, "invalid client token"));
-    }
+    };
     // Flow control is a 1.1 feature: a 1.0 client (which may still send the field, e.g.
     // from a newer library speaking 1.0) gets none (each side uses only the features of
     // the lower minor version, section 13).
@@ -185,11 +185,14 @@ async fn handshake(
         worker: None,
         stream_window: window,
     };
-    match tokio::time::timeout_at(deadline, writer.send(Frame::new(Kind::HelloAck, 0, &ack))).await {
-        Err(_) => Err(missed()),
-        Ok(Err(e)) => Err(protocol_error(&e)),
-        Ok(Ok(())) => Ok((hello.name, window)),
-    }
+    tokio::time::timeout_at(deadline, writer.send(Frame::new(Kind::HelloAck, 0, &ack)))
+        .await
+        .map_err(|_| missed())?
+        .map_err(|e| protocol_error(&e))?;
+    // Its requests take turns, and count against caps, as this token's (forgotten
+    // when `run` ends).
+    ctx.pool.open_conn(id, tenant);
+    Ok((hello.name, window))
 }
 
 async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: Writer) {
@@ -455,6 +458,11 @@ async fn open_stream(
                 "queue_full",
                 ErrorCode::QueueFull,
                 "all workers busy and the wait queue is full",
+            ),
+            SubmitError::ConnectionQueueFull => (
+                "queue_full",
+                ErrorCode::QueueFull,
+                "this connection's requests waiting for a worker fill pool.queue_bytes_per_connection",
             ),
             SubmitError::ShuttingDown => (
                 "shutting_down",

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use osprey_protocol::SessionReset;
 use serde::{Deserialize, Serialize};
 
+use crate::wait_queue::QueueLimits;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -81,6 +83,17 @@ pub struct Pool {
     pub max_age_s: u64,
     /// Requests waiting for a worker; one more is rejected with QUEUE_FULL.
     pub queue_capacity: usize,
+    /// Bytes of REQUEST payload waiting for a worker, all connections together; a
+    /// request that would pass it is rejected with QUEUE_FULL.
+    pub queue_bytes: usize,
+    /// The same per client connection (QUEUE_FULL for that connection only).
+    pub queue_bytes_per_connection: usize,
+    /// Workers one client connection may hold at once; its further requests wait in
+    /// its queue. Absent: three quarters of the pool size, rounded down (at least 1);
+    /// 0 = no cap.
+    pub max_per_connection: Option<usize>,
+    /// Workers the connections of one client token may hold together; 0 = no cap.
+    pub max_per_token: usize,
     /// A request waiting longer than this for a worker fails with QUEUE_TIMEOUT.
     pub queue_timeout_ms: u64,
     /// A spawned worker must register and open its database session within this time.
@@ -107,6 +120,10 @@ impl Default for Pool {
             max_requests: 10_000,
             max_age_s: 3600,
             queue_capacity: 4096,
+            queue_bytes: 64 * 1024 * 1024,
+            queue_bytes_per_connection: 16 * 1024 * 1024,
+            max_per_connection: None,
+            max_per_token: 0,
             queue_timeout_ms: 5_000,
             register_timeout_ms: 10_000,
             respawn_backoff_min_ms: 100,
@@ -313,6 +330,9 @@ impl Config {
         {
             return bad("admin.header_read_timeout_ms, idle_timeout_ms and request_timeout_ms must be at least 1");
         }
+        if self.pool.queue_capacity == 0 || self.pool.queue_bytes == 0 || self.pool.queue_bytes_per_connection == 0 {
+            return bad("pool.queue_capacity, pool.queue_bytes and pool.queue_bytes_per_connection must be at least 1");
+        }
         if self.pool.batch_rows == 0 || (self.pool.batch_bytes as usize) >= self.limits.max_payload {
             return bad("pool.batch_rows must be >= 1 and pool.batch_bytes below limits.max_payload");
         }
@@ -323,6 +343,17 @@ impl Config {
     /// what the file-descriptor reserve is sized for.
     pub fn max_pool_size(&self) -> usize {
         self.initial_pool_size().max(self.pool.max.unwrap_or(0))
+    }
+
+    /// The wait queue's bounds and caps.
+    pub fn queue_limits(&self) -> QueueLimits {
+        QueueLimits {
+            capacity: self.pool.queue_capacity,
+            bytes: self.pool.queue_bytes,
+            bytes_per_connection: self.pool.queue_bytes_per_connection,
+            max_per_connection: self.pool.max_per_connection,
+            max_per_token: self.pool.max_per_token,
+        }
     }
 
     /// The initial number of slots.
@@ -358,6 +389,17 @@ mod tests {
         let c: Config = toml::from_str(&format!("{base}session_reset = \"always\"\n")).unwrap();
         assert_eq!(c.backend.unwrap().session_reset, SessionReset::Always);
         assert!(toml::from_str::<Config>(&format!("{base}session_reset = \"sometimes\"\n")).is_err());
+    }
+
+    #[test]
+    fn fairness_keys_parse() {
+        let c: Config = toml::from_str("").unwrap();
+        assert_eq!(c.queue_limits().max_per_connection, None);
+        let c: Config = toml::from_str("[pool]\nmax_per_connection = 0\nmax_per_token = 6\n").unwrap();
+        assert_eq!(c.queue_limits().max_per_connection, Some(0));
+        assert_eq!(c.queue_limits().max_per_token, 6);
+        let c: Config = toml::from_str("[pool]\nqueue_bytes = 0\n").unwrap();
+        assert!(c.validate().is_err());
     }
 
     #[test]

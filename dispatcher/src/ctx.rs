@@ -92,11 +92,18 @@ impl Ctx {
     }
 
     pub fn client_token_ok(&self, token: Option<&str>) -> bool {
-        let Some(token) = token else { return false };
+        self.client_token_index(token).is_some()
+    }
+
+    /// The index of `token` in `auth.client_tokens`: the tenant its connections'
+    /// requests count against (fairness and `pool.max_per_token`).
+    pub fn client_token_index(&self, token: Option<&str>) -> Option<u32> {
+        let token = token?;
         // Check every token, without an early exit, so timing does not tell which matched.
-        self.client_tokens
-            .iter()
-            .fold(false, |ok, t| ok | constant_time_eq(t.as_bytes(), token.as_bytes()))
+        self.client_tokens.iter().enumerate().fold(None, |found, (i, t)| {
+            let hit = constant_time_eq(t.as_bytes(), token.as_bytes());
+            found.or(hit.then_some(i as u32))
+        })
     }
 }
 

@@ -15,4 +15,5 @@ pub mod relay;
 pub mod server;
 pub mod streams;
 pub mod supervisor;
+pub mod wait_queue;
 pub mod worker_link;

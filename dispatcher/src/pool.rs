@@ -1,13 +1,19 @@
 //! The slot table and worker assignment: which slot is starting, idle, busy or
-//! quitting, the LIFO stack of idle workers and the bounded FIFO of requests
-//! waiting for one. The pool is the single owner of this state; the supervisor
-//! (processes) and the worker links (sockets) report to it.
+//! quitting, the LIFO stack of idle workers, and the requests waiting for one
+//! (`wait_queue.rs`: one queue per client connection, served in turn, with a cap
+//! on the workers one connection or token may hold). The pool is the single owner
+//! of this state; the supervisor (processes) and the worker links (sockets) report
+//! to it.
 //!
 //! Requests are pushed to workers, not pulled by tasks: `submit` hands a job to
 //! an idle worker's link or queues it, and a link that finished a request takes
 //! the next queued job itself (`next_job`), in the same wake-up.
+//!
+//! Invariant: no worker is idle while a job waits that it may serve (one not held
+//! back by its connection's or token's cap). Whatever frees a holder's worker
+//! (`release`) hands jobs to idle workers before the lock is let go.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -19,11 +25,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::job::{fail_later, Job};
 use crate::metrics::Metrics;
+use crate::wait_queue::{Full, Holder, QueueFigures, QueueLimits, WaitQueue};
 
 /// A worker that closed its link gets this long to exit by itself.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 /// A worker told to quit (QUIT_NOW) that has not exited by then is killed.
 const QUIT_DEADLINE: Duration = Duration::from_secs(10);
+/// The queue reaper looks at most this often: QUEUE_TIMEOUT comes up to this late,
+/// and a queue that turns over fast does not wake it for every job.
+const REAPER_GRAIN: Duration = Duration::from_millis(5);
 /// Jobs a link's channel holds. Only an idle link is sent a job, so one is
 /// enough; the spare absorbs nothing but keeps `try_send` from ever failing
 /// for a live link.
@@ -74,6 +84,8 @@ struct Slot {
     quit_pending: bool,
     /// The slot is being removed (pool shrink or shutdown): no respawn.
     retiring: bool,
+    /// Whose job the worker runs (busy with a job taken from the pool).
+    holder: Option<Holder>,
     kill: mpsc::UnboundedSender<&'static str>,
 }
 
@@ -81,6 +93,8 @@ struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubmitError {
     QueueFull,
+    /// The connection's own share of the wait queue (bytes) is full.
+    ConnectionQueueFull,
     ShuttingDown,
     /// (requeue) The client cancelled the request or closed its connection.
     Cancelled,
@@ -90,9 +104,8 @@ struct Inner {
     slots: BTreeMap<u32, Slot>,
     /// Idle slots, most recently used last (LIFO keeps sessions and caches warm).
     idle: Vec<(u32, u64)>,
-    /// Jobs waiting for a worker, oldest first.
-    waiting: VecDeque<Job>,
-    queue_capacity: usize,
+    /// Jobs waiting for a worker, per connection.
+    queue: WaitQueue,
     target_size: usize,
     shutting_down: bool,
     next_generation: u64,
@@ -131,6 +144,18 @@ pub struct PoolView {
     pub quitting: usize,
     pub queue_depth: usize,
     pub queue_capacity: usize,
+    /// Bytes of REQUEST payload waiting, and their bound.
+    pub queue_bytes: usize,
+    pub queue_bytes_capacity: usize,
+    /// Client connections with at least one request waiting.
+    pub waiting_connections: usize,
+    /// Of those, connections whose requests wait because they hold their cap of
+    /// workers (`pool.max_per_connection` / `pool.max_per_token`).
+    pub capped_connections: usize,
+    /// Requests waiting in the longest connection queue.
+    pub longest_connection_queue: usize,
+    /// Workers one connection may hold at once (0 = no cap).
+    pub max_per_connection: usize,
     pub respawns: u64,
     pub recycles: u64,
     pub fatal_exits: u64,
@@ -145,13 +170,12 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(target_size: usize, queue_capacity: usize, backend_name: String, metrics: Arc<Metrics>) -> Arc<Pool> {
+    pub fn new(target_size: usize, limits: QueueLimits, backend_name: String, metrics: Arc<Metrics>) -> Arc<Pool> {
         Arc::new(Pool {
             inner: Mutex::new(Inner {
                 slots: BTreeMap::new(),
                 idle: Vec::new(),
-                waiting: VecDeque::new(),
-                queue_capacity,
+                queue: WaitQueue::new(limits, target_size),
                 target_size,
                 shutting_down: false,
                 next_generation: 1,
@@ -167,7 +191,23 @@ impl Pool {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hands a job to an idle worker (LIFO), else queues it (bounded FIFO).
+    /// A client connection authenticated with the client token of index `tenant`
+    /// (`auth.client_tokens`): its requests count against that token's turn and cap.
+    /// It is forgotten by [`Pool::take_waiting_conn`] when it closes.
+    pub fn open_conn(&self, conn: u64, tenant: u32) {
+        self.lock().queue.register(conn, tenant);
+    }
+
+    /// New wait-queue bounds and caps (SIGHUP).
+    pub fn set_limits(self: &Arc<Self>, limits: QueueLimits) {
+        let mut g = self.lock();
+        let size = g.target_size;
+        g.queue.set_limits(limits, size);
+        self.pump(&mut g);
+    }
+
+    /// Hands a job to an idle worker (LIFO) if its connection may have one more,
+    /// else queues it behind the connection's earlier jobs (bounded).
     /// Err gives the job back with the reason it cannot be served (by value:
     /// boxing it would cost an allocation on every request's path).
     #[allow(clippy::result_large_err)]
@@ -176,23 +216,39 @@ impl Pool {
         if g.shutting_down {
             return Err((job, SubmitError::ShuttingDown));
         }
-        let job = match self.to_idle_worker(&mut g, job) {
-            Ok(()) => return Ok(()),
-            Err(job) => job,
+        // Saturated (no idle worker) is the hot path here: straight to the queue.
+        let runnable = if g.idle.is_empty() {
+            None
+        } else {
+            g.queue.may_run_now(job.conn())
         };
-        if g.waiting.len() >= g.queue_capacity {
-            return Err((job, SubmitError::QueueFull));
+        let job = match runnable {
+            Some(holder) => match self.to_idle_worker(&mut g, job, holder) {
+                Ok(()) => {
+                    g.queue.charge(holder);
+                    return Ok(());
+                }
+                Err(job) => job,
+            },
+            _ => job,
+        };
+        let was_empty = g.queue.next_deadline().is_none();
+        if let Err((job, full)) = g.queue.push_back(job) {
+            let e = match full {
+                Full::Queue => SubmitError::QueueFull,
+                Full::Connection => SubmitError::ConnectionQueueFull,
+            };
+            return Err((job, e));
         }
-        g.waiting.push_back(job);
-        self.metrics.queue_depth.set(g.waiting.len() as i64);
-        if g.waiting.len() == 1 {
+        self.metrics.queue_depth.set(g.queue.len() as i64);
+        if was_empty {
             self.reaper.notify_one();
         }
         Ok(())
     }
 
     /// A link could not deliver `job` (its worker vanished first): another worker
-    /// gets it, ahead of the queue since it was admitted earlier.
+    /// gets it, ahead of its connection's later jobs since it was admitted earlier.
     #[allow(clippy::result_large_err)]
     pub fn requeue(self: &Arc<Self>, job: Job) -> Result<(), (Job, SubmitError)> {
         let mut g = self.lock();
@@ -204,18 +260,17 @@ impl Pool {
         if job.cancel.is_cancelled() || job.guard.shared().closed.load(Ordering::Relaxed) {
             return Err((job, SubmitError::Cancelled));
         }
-        if let Err(job) = self.to_idle_worker(&mut g, job) {
-            g.waiting.push_front(job);
-            self.metrics.queue_depth.set(g.waiting.len() as i64);
-            self.reaper.notify_one();
-        }
+        g.queue.push_front(job);
+        self.metrics.queue_depth.set(g.queue.len() as i64);
+        self.pump(&mut g);
+        self.reaper.notify_one();
         Ok(())
     }
 
     // The Err hands the job back to be queued: boxing it would cost an allocation for
     // every request that waits for a worker, to shorten a move.
     #[allow(clippy::result_large_err)]
-    fn to_idle_worker(&self, g: &mut Inner, mut job: Job) -> Result<(), Job> {
+    fn to_idle_worker(&self, g: &mut Inner, mut job: Job, holder: Holder) -> Result<(), Job> {
         while let Some((index, generation)) = g.idle.pop() {
             let Some(slot) = g.slots.get_mut(&index) else { continue };
             if slot.generation != generation || slot.state != SlotState::Idle {
@@ -225,6 +280,7 @@ impl Pool {
             match link.jobs.try_send(job) {
                 Ok(()) => {
                     slot.state = SlotState::Busy;
+                    slot.holder = Some(holder);
                     self.publish_states(g);
                     return Ok(());
                 }
@@ -233,6 +289,32 @@ impl Pool {
             }
         }
         Err(job)
+    }
+
+    /// Hands waiting jobs that may be served to idle workers, after something let a
+    /// connection or token have one more worker (the pool's invariant).
+    fn pump(&self, g: &mut Inner) {
+        if g.idle.is_empty() || !g.queue.servable() {
+            return;
+        }
+        while !g.idle.is_empty() {
+            let Some((job, holder)) = g.queue.pick() else { break };
+            if let Err(job) = self.to_idle_worker(g, job, holder) {
+                g.queue.unpick(job, holder);
+                break;
+            }
+        }
+        self.metrics.queue_depth.set(g.queue.len() as i64);
+    }
+
+    /// The worker of a slot is free or gone: its holder may have another one.
+    fn release_slot(&self, g: &mut Inner, index: u32) {
+        let Some(holder) = g.slots.get_mut(&index).and_then(|s| s.holder.take()) else {
+            return;
+        };
+        if g.queue.release(holder) {
+            self.pump(g);
+        }
     }
 
     /// The worker of `index` finished a request (`served`) or skipped one; what next.
@@ -244,7 +326,16 @@ impl Pool {
         if served {
             slot.requests += 1;
         }
-        self.next_for(&mut g, index)
+        let holder = slot.holder.take();
+        if let Some(h) = holder {
+            g.queue.release(h);
+        }
+        let next = self.next_for(&mut g, index);
+        // A job its holder may now run can wait only if this worker did not take it.
+        if holder.is_some() {
+            self.pump(&mut g);
+        }
+        next
     }
 
     /// Puts a newly ready worker to use (see [`Pool::next_for`]).
@@ -257,8 +348,10 @@ impl Pool {
             Next::Job(job) => {
                 if let Err(e) = link.jobs.try_send(job) {
                     // The link is gone already (its loss resets the slot): the job keeps its place.
-                    g.waiting.push_front(e.into_inner());
-                    self.metrics.queue_depth.set(g.waiting.len() as i64);
+                    if let Some(h) = g.slots.get_mut(&index).and_then(|s| s.holder.take()) {
+                        g.queue.unpick(e.into_inner(), h);
+                    }
+                    self.metrics.queue_depth.set(g.queue.len() as i64);
                 }
             }
             Next::Idle | Next::Gone => {}
@@ -266,7 +359,7 @@ impl Pool {
     }
 
     /// The next step of a ready worker, after registering or after a request:
-    /// retire, the oldest waiting job, or the idle stack. Sets the slot's state.
+    /// retire, the next waiting job in turn, or the idle stack. Sets the slot's state.
     fn next_for(self: &Arc<Self>, g: &mut Inner, index: u32) -> Next {
         let shutting_down = g.shutting_down;
         let Some(slot) = g.slots.get_mut(&index) else {
@@ -278,9 +371,10 @@ impl Pool {
             slot.quit_pending = false;
             self.arm_quit_deadline(index, generation);
             Next::Quit
-        } else if let Some(job) = g.waiting.pop_front() {
+        } else if let Some((job, holder)) = g.queue.pick() {
             slot.state = SlotState::Busy;
-            self.metrics.queue_depth.set(g.waiting.len() as i64);
+            slot.holder = Some(holder);
+            self.metrics.queue_depth.set(g.queue.len() as i64);
             Next::Job(job)
         } else {
             slot.state = SlotState::Idle;
@@ -297,25 +391,19 @@ impl Pool {
     /// Takes a job that is still waiting (the client cancelled it).
     pub fn take_waiting(&self, conn: u64, stream: u32) -> Option<Job> {
         let mut g = self.lock();
-        let at = g
-            .waiting
-            .iter()
-            .position(|j| j.conn() == conn && j.stream() == stream)?;
-        let job = g.waiting.remove(at);
-        self.metrics.queue_depth.set(g.waiting.len() as i64);
+        let job = g.queue.take(conn, stream);
+        self.metrics.queue_depth.set(g.queue.len() as i64);
         job
     }
 
-    /// Takes every waiting job of a connection that closed.
+    /// Takes every waiting job of a connection that closed, and forgets the connection.
     pub fn take_waiting_conn(&self, conn: u64) -> Vec<Job> {
         let mut g = self.lock();
-        if !g.waiting.iter().any(|j| j.conn() == conn) {
-            return Vec::new();
+        let jobs = g.queue.take_conn(conn);
+        if !jobs.is_empty() {
+            self.metrics.queue_depth.set(g.queue.len() as i64);
         }
-        let (gone, kept): (VecDeque<Job>, VecDeque<Job>) = g.waiting.drain(..).partition(|j| j.conn() == conn);
-        g.waiting = kept;
-        self.metrics.queue_depth.set(g.waiting.len() as i64);
-        gone.into()
+        jobs
     }
 
     /// Fails waiting jobs whose queue deadline passed, for as long as the pool lives.
@@ -323,17 +411,11 @@ impl Pool {
         loop {
             let (expired, next) = {
                 let mut g = self.lock();
-                let now = Instant::now();
-                let mut expired = Vec::new();
-                // Deadlines grow along the queue (one queue_timeout for all; a
-                // requeued job at the front is older still).
-                while g.waiting.front().is_some_and(|j| j.queue_deadline <= now) {
-                    expired.extend(g.waiting.pop_front());
-                }
+                let expired = g.queue.expire(Instant::now());
                 if !expired.is_empty() {
-                    self.metrics.queue_depth.set(g.waiting.len() as i64);
+                    self.metrics.queue_depth.set(g.queue.len() as i64);
                 }
-                (expired, g.waiting.front().map(|j| j.queue_deadline))
+                (expired, g.queue.next_deadline())
             };
             fail_later(
                 expired,
@@ -344,6 +426,7 @@ impl Pool {
             );
             match next {
                 Some(deadline) => {
+                    let deadline = deadline.max(Instant::now() + REAPER_GRAIN);
                     tokio::select! {
                         _ = tokio::time::sleep_until(deadline.into()) => {}
                         _ = self.reaper.notified() => {}
@@ -371,6 +454,7 @@ impl Pool {
                 started: Instant::now(),
                 quit_pending: false,
                 retiring: false,
+                holder: None,
                 kill,
             },
         );
@@ -382,6 +466,7 @@ impl Pool {
     /// None: the slot is retiring or the pool shutting down; it is removed.
     pub fn begin_spawn(&self, index: u32) -> Option<u64> {
         let mut g = self.lock();
+        self.release_slot(&mut g, index);
         if g.shutting_down || g.slots.get(&index).is_some_and(|s| s.retiring) {
             g.slots.remove(&index);
             self.publish_states(&g);
@@ -484,6 +569,7 @@ impl Pool {
             }
         }
         g.idle.retain(|&(i, _)| i != index);
+        self.release_slot(&mut g, index);
         self.publish_states(&g);
     }
 
@@ -539,6 +625,7 @@ impl Pool {
             slot.state = SlotState::Starting;
             let _ = slot.kill.send(why);
             g.idle.retain(|&(i, _)| i != index);
+            self.release_slot(&mut g, index);
             self.publish_states(&g);
         }
     }
@@ -550,16 +637,20 @@ impl Pool {
         let Some(slot) = g.slots.get_mut(&index) else {
             return false;
         };
-        if slot.generation == generation {
+        let current = slot.generation == generation;
+        if current {
             slot.link = None;
             slot.pid = None;
             slot.state = SlotState::Starting;
         }
         let keep = !slot.retiring && !shutting_down;
+        g.idle.retain(|&(i, _)| i != index);
+        if current {
+            self.release_slot(&mut g, index);
+        }
         if !keep {
             g.slots.remove(&index);
         }
-        g.idle.retain(|&(i, _)| i != index);
         self.publish_states(&g);
         keep
     }
@@ -573,6 +664,9 @@ impl Pool {
     pub fn resize(self: &Arc<Self>, size: usize) -> Vec<u32> {
         let mut g = self.lock();
         g.target_size = size;
+        // The default per-connection cap follows the pool's size.
+        let limits = g.queue.limits();
+        g.queue.set_limits(limits, size);
         let active: Vec<u32> = g.slots.iter().filter(|(_, s)| !s.retiring).map(|(i, _)| *i).collect();
         let mut created = Vec::new();
         if active.len() < size {
@@ -607,6 +701,8 @@ impl Pool {
                 }
             }
         }
+        // A larger default cap may let capped connections have a worker that is idle.
+        self.pump(&mut g);
         self.publish_states(&g);
         created
     }
@@ -637,7 +733,7 @@ impl Pool {
     pub fn shutdown(self: &Arc<Self>) {
         let mut g = self.lock();
         g.shutting_down = true;
-        let waiting: Vec<Job> = g.waiting.drain(..).collect();
+        let waiting: Vec<Job> = g.queue.drain();
         self.metrics.queue_depth.set(0);
         fail_later(
             waiting,
@@ -658,7 +754,7 @@ impl Pool {
     }
 
     pub fn queue_depth(&self) -> usize {
-        self.lock().waiting.len()
+        self.lock().queue.len()
     }
 
     pub fn idle_count(&self) -> usize {
@@ -672,6 +768,8 @@ impl Pool {
     pub fn view(&self) -> (PoolView, Vec<SlotView>) {
         let g = self.lock();
         let count = |st: SlotState| g.slots.values().filter(|s| s.state == st).count();
+        let q: QueueFigures = g.queue.figures();
+        let limits = g.queue.limits();
         let pool = PoolView {
             size: g.target_size,
             slots: g.slots.len(),
@@ -679,8 +777,14 @@ impl Pool {
             busy: count(SlotState::Busy),
             starting: count(SlotState::Starting),
             quitting: count(SlotState::Quitting),
-            queue_depth: g.waiting.len(),
-            queue_capacity: g.queue_capacity,
+            queue_depth: q.jobs,
+            queue_capacity: limits.capacity,
+            queue_bytes: q.bytes,
+            queue_bytes_capacity: limits.bytes,
+            waiting_connections: q.waiting_connections,
+            capped_connections: q.capped_connections,
+            longest_connection_queue: q.longest_connection_queue,
+            max_per_connection: q.max_per_connection,
             respawns: self.metrics.respawns.get(),
             recycles: self.metrics.recycles.get(),
             fatal_exits: self.metrics.fatal_exits.get(),
@@ -712,5 +816,348 @@ impl Pool {
             let n = g.slots.values().filter(|s| s.state == st).count();
             self.metrics.slot_state(st).set(n as i64);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use bytes::Bytes;
+    use osprey_protocol::{Frame, Kind};
+
+    use super::*;
+    use crate::streams::{outbox, ClientShared, Inbox};
+
+    struct Fixture {
+        pool: Arc<Pool>,
+        links: Vec<(u64, mpsc::Receiver<Job>)>,
+        conns: Vec<(Arc<ClientShared>, Inbox)>,
+    }
+
+    /// A pool of `workers` registered workers (fake links) and `conns` client
+    /// connections; connection `i` authenticated with token `tenants[i]` (0 if absent).
+    fn fixture(workers: u32, conns: u64, tenants: &[u32], limits: QueueLimits) -> Fixture {
+        let metrics = Arc::new(Metrics::new());
+        let pool = Pool::new(workers as usize, limits, "test".into(), metrics.clone());
+        let mut links = Vec::new();
+        for index in 0..workers {
+            let (kill, _) = mpsc::unbounded_channel();
+            let generation = pool.add_slot(index, kill);
+            let (jobs, rx) = mpsc::channel(LINK_JOBS);
+            let link = WorkerLink {
+                jobs,
+                quit: CancellationToken::new(),
+            };
+            assert!(pool.worker_ready(index, generation, link, index));
+            links.push((generation, rx));
+        }
+        let conns = (0..conns)
+            .map(|i| {
+                let (out, rx) = outbox(64, 1 << 30);
+                let shared = ClientShared::new(100 + i, out, 4096, 0, 1 << 30, metrics.clone());
+                pool.open_conn(shared.id, tenants.get(i as usize).copied().unwrap_or(0));
+                (shared, rx)
+            })
+            .collect();
+        Fixture { pool, links, conns }
+    }
+
+    impl Fixture {
+        fn job(&self, conn: usize, stream: u32) -> Job {
+            self.job_sized(conn, stream, 16)
+        }
+
+        fn job_sized(&self, conn: usize, stream: u32, size: usize) -> Job {
+            let (guard, cancel) = self.conns[conn].0.open(stream).expect("stream is free");
+            let received = Instant::now();
+            Job {
+                guard,
+                cancel,
+                frame: Frame {
+                    kind: Kind::Request,
+                    flags: 0,
+                    stream,
+                    payload: Bytes::from(vec![0u8; size]),
+                },
+                timeout: None,
+                received,
+                queue_deadline: received + Duration::from_secs(60),
+                attempts: 0,
+            }
+        }
+
+        fn submit(&self, conn: usize, stream: u32) {
+            assert!(self.pool.submit(self.job(conn, stream)).is_ok(), "submit refused");
+        }
+
+        /// (slot, job) for every job a worker link received since the last call.
+        fn delivered(&mut self) -> Vec<(u32, Job)> {
+            let mut got = Vec::new();
+            for (i, (_, rx)) in self.links.iter_mut().enumerate() {
+                while let Ok(job) = rx.try_recv() {
+                    got.push((i as u32, job));
+                }
+            }
+            got
+        }
+
+        /// The worker of `slot` finished its job: what it takes next, as (conn index, stream).
+        fn done(&self, slot: u32) -> Option<(usize, u32)> {
+            match self.pool.next_job(slot, self.links[slot as usize].0, true) {
+                Next::Job(j) => Some(self.name(&j)),
+                Next::Idle => None,
+                Next::Quit | Next::Gone => panic!("slot {slot} must stay"),
+            }
+        }
+
+        fn name(&self, j: &Job) -> (usize, u32) {
+            let conn = self
+                .conns
+                .iter()
+                .position(|(s, _)| s.id == j.conn())
+                .expect("known conn");
+            (conn, j.stream())
+        }
+    }
+
+    fn no_caps() -> QueueLimits {
+        QueueLimits::uncapped(1024)
+    }
+
+    #[test]
+    fn default_cap_leaves_a_quarter_of_the_pool() {
+        use crate::wait_queue::default_connection_cap as cap;
+        assert_eq!(
+            [cap(1), cap(2), cap(3), cap(4), cap(8), cap(10), cap(16)],
+            [1, 1, 2, 3, 6, 7, 12]
+        );
+    }
+
+    /// One worker, three connections: A queued three jobs before B and C queued theirs;
+    /// the worker serves A, B, C, A, B, A, not A's three first.
+    #[test]
+    fn connections_are_served_in_turn() {
+        let mut f = fixture(1, 3, &[], no_caps());
+        f.submit(0, 1); // runs at once
+        for s in 2..=4 {
+            f.submit(0, s);
+        }
+        f.submit(1, 1);
+        f.submit(1, 2);
+        f.submit(2, 1);
+        assert_eq!(f.delivered().len(), 1);
+        let order: Vec<_> = std::iter::from_fn(|| f.done(0)).collect();
+        assert_eq!(order, [(0, 2), (1, 1), (2, 1), (0, 3), (1, 2), (0, 4)]);
+        assert_eq!(f.pool.queue_depth(), 0);
+    }
+
+    /// Tokens take turns first: token 0 has two connections, token 1 one; token 1's
+    /// connection gets every other worker, not a third.
+    #[test]
+    fn tokens_are_served_in_turn_then_their_connections() {
+        let mut f = fixture(1, 3, &[0, 0, 1], no_caps());
+        f.submit(0, 100); // occupies the worker
+        for s in 1..=3 {
+            f.submit(0, s);
+            f.submit(1, s);
+        }
+        for s in 1..=3 {
+            f.submit(2, s);
+        }
+        f.delivered();
+        let order: Vec<_> = std::iter::from_fn(|| f.done(0)).collect();
+        assert_eq!(
+            order,
+            [(0, 1), (2, 1), (1, 1), (2, 2), (0, 2), (2, 3), (1, 2), (0, 3), (1, 3)]
+        );
+    }
+
+    /// The default cap (pool of 4: 3) holds a connection's fourth job back while a
+    /// worker is idle; another connection gets that worker at once; a worker of the
+    /// capped connection that finishes takes its next job, one of another connection
+    /// that finishes does not.
+    #[test]
+    fn a_connection_holds_at_most_its_cap() {
+        let mut limits = no_caps();
+        limits.max_per_connection = None;
+        let mut f = fixture(4, 2, &[], limits);
+        for s in 1..=5 {
+            f.submit(0, s);
+        }
+        let running = f.delivered();
+        assert_eq!(running.len(), 3, "capped at 3 of 4");
+        assert_eq!(f.pool.queue_depth(), 2);
+        assert_eq!(f.pool.idle_count(), 1);
+        let (view, _) = f.pool.view();
+        assert_eq!((view.waiting_connections, view.capped_connections), (1, 1));
+        assert_eq!(view.max_per_connection, 3);
+
+        f.submit(1, 1);
+        let b = f.delivered();
+        assert_eq!(b.len(), 1, "the other connection got the idle worker");
+        let b_slot = b[0].0;
+        // B's worker finishes: A is at its cap, so it goes idle.
+        assert_eq!(f.done(b_slot), None);
+        assert_eq!(f.pool.queue_depth(), 2);
+        // One of A's workers finishes: it takes A's next job.
+        let a_slot = running[0].0;
+        assert_eq!(f.done(a_slot), Some((0, 4)));
+        // A worker of A is killed: A may have another, and the idle one takes it.
+        f.pool.kill(running[1].0, f.links[running[1].0 as usize].0, "test");
+        let next = f.delivered();
+        assert_eq!(next.len(), 1);
+        assert_eq!(f.name(&next[0].1), (0, 5));
+        assert_eq!(f.pool.queue_depth(), 0);
+    }
+
+    /// Growing the pool grows the default cap: an idle worker takes a capped job.
+    #[test]
+    fn resize_lifts_the_default_cap() {
+        let mut limits = no_caps();
+        limits.max_per_connection = None;
+        let mut f = fixture(4, 1, &[], limits);
+        for s in 1..=5 {
+            f.submit(0, s);
+        }
+        assert_eq!(f.delivered().len(), 3);
+        f.pool.resize(8);
+        let more = f.delivered();
+        assert_eq!(more.len(), 1, "the idle worker took a job under the larger cap");
+        assert_eq!(f.pool.queue_depth(), 1);
+        assert_eq!(f.pool.view().0.max_per_connection, 6);
+    }
+
+    /// A token's connections together hold at most max_per_token workers.
+    #[test]
+    fn a_token_holds_at_most_its_cap() {
+        let mut limits = no_caps();
+        limits.max_per_token = 2;
+        let mut f = fixture(4, 3, &[0, 0, 1], limits);
+        f.submit(0, 1);
+        f.submit(1, 1);
+        f.submit(1, 2);
+        assert_eq!(f.delivered().len(), 2);
+        assert_eq!(f.pool.queue_depth(), 1);
+        f.submit(2, 1);
+        assert_eq!(f.delivered().len(), 1, "token 1 is under its cap");
+        assert_eq!(f.pool.idle_count(), 1);
+    }
+
+    /// A job given back by a link whose worker died goes ahead of its connection's
+    /// later jobs (and of nobody else's turn).
+    #[test]
+    fn requeued_job_goes_first_in_its_connection() {
+        let mut f = fixture(1, 2, &[], no_caps());
+        f.submit(0, 1);
+        let (_, first) = f.delivered().pop().expect("delivered");
+        f.submit(0, 2);
+        f.submit(1, 1);
+        // The worker vanished before the job reached it.
+        f.pool.link_lost(0, f.links[0].0, "test", false);
+        assert!(f.pool.requeue(first).is_ok());
+        assert_eq!(f.pool.queue_depth(), 3);
+        let generation = f.pool.begin_spawn(0).expect("respawn");
+        let (jobs, rx) = mpsc::channel(LINK_JOBS);
+        f.links[0] = (generation, rx);
+        let link = WorkerLink {
+            jobs,
+            quit: CancellationToken::new(),
+        };
+        assert!(f.pool.worker_ready(0, generation, link, 9));
+        let got = f.delivered();
+        assert_eq!(f.name(&got[0].1), (0, 1));
+        assert_eq!(f.done(0), Some((1, 1)));
+        assert_eq!(f.done(0), Some((0, 2)));
+    }
+
+    #[test]
+    fn cancel_and_close_take_waiting_jobs() {
+        let mut f = fixture(1, 2, &[], no_caps());
+        f.submit(0, 1);
+        for s in 2..=4 {
+            f.submit(0, s);
+        }
+        f.submit(1, 1);
+        f.delivered();
+        assert_eq!(f.pool.take_waiting(f.conns[0].0.id, 3).map(|j| j.stream()), Some(3));
+        assert_eq!(f.pool.take_waiting_conn(f.conns[0].0.id).len(), 2);
+        assert_eq!(f.pool.queue_depth(), 1);
+        let (view, _) = f.pool.view();
+        assert_eq!(view.waiting_connections, 1);
+        assert_eq!(f.done(0), Some((1, 1)));
+        assert_eq!(f.done(0), None);
+    }
+
+    /// The byte bounds: the whole queue, and each connection's share; a single job
+    /// larger than a bound is taken when nothing else waits there.
+    #[test]
+    fn queue_is_bounded_in_bytes() {
+        let mut limits = no_caps();
+        limits.bytes = 1000;
+        limits.bytes_per_connection = 400;
+        let mut f = fixture(1, 3, &[], limits);
+        f.submit(0, 1); // runs
+        f.delivered();
+        assert!(f.pool.submit(f.job_sized(0, 2, 300)).is_ok());
+        let e = f.pool.submit(f.job_sized(0, 3, 300)).err().map(|(_, e)| e);
+        assert_eq!(e, Some(SubmitError::ConnectionQueueFull));
+        assert!(f.pool.submit(f.job_sized(1, 1, 2000)).is_err(), "over the whole bound");
+        assert!(f.pool.submit(f.job_sized(1, 2, 400)).is_ok());
+        assert!(f.pool.submit(f.job_sized(2, 1, 300)).is_ok());
+        let e = f.pool.submit(f.job_sized(2, 2, 1)).err().map(|(_, e)| e);
+        assert_eq!(e, Some(SubmitError::QueueFull));
+        assert_eq!(f.pool.view().0.queue_bytes, 1000);
+        // Alone in an empty queue, a job larger than both bounds waits all the same.
+        f.pool.take_waiting_conn(f.conns[0].0.id);
+        f.pool.take_waiting_conn(f.conns[1].0.id);
+        f.pool.take_waiting_conn(f.conns[2].0.id);
+        let (out, rx) = outbox(4, 1 << 30);
+        let shared = ClientShared::new(7, out, 4, 0, 1 << 30, Arc::new(Metrics::new()));
+        f.conns.push((shared, rx));
+        assert!(f.pool.submit(f.job_sized(3, 1, 5000)).is_ok());
+        assert_eq!(f.pool.queue_depth(), 1);
+    }
+
+    /// Jobs past their queue deadline fail (QUEUE_TIMEOUT), in every connection.
+    #[tokio::test]
+    async fn reaper_expires_jobs_of_every_connection() {
+        let mut f = fixture(1, 3, &[], no_caps());
+        f.submit(0, 1);
+        f.delivered();
+        let soon = Instant::now() + Duration::from_millis(20);
+        for (conn, stream) in [(0, 2), (1, 1), (2, 1), (1, 2)] {
+            let mut j = f.job(conn, stream);
+            j.queue_deadline = soon;
+            assert!(f.pool.submit(j).is_ok());
+        }
+        f.submit(2, 2); // a deadline a minute away
+        let reaper = tokio::spawn(f.pool.clone().run_reaper());
+        let t0 = Instant::now();
+        while f.pool.queue_depth() > 1 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "jobs not expired");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        reaper.abort();
+        assert_eq!(f.done(0), Some((2, 2)));
+        // Each expired job got its ERROR QUEUE_TIMEOUT.
+        for (conn, want) in [(0usize, 1usize), (1, 2), (2, 1)] {
+            let rx = &mut f.conns[conn].1;
+            let mut errors = 0;
+            let t0 = Instant::now();
+            while errors < want && t0.elapsed() < Duration::from_secs(5) {
+                match rx.try_recv().map(|q| q.frame) {
+                    // (Jobs the test drops itself end with INTERNAL.)
+                    Some(fr) if fr.kind == Kind::Error => {
+                        let body: osprey_protocol::ErrorBody = fr.body().expect("ERROR body");
+                        errors += usize::from(body.code == ErrorCode::QueueTimeout);
+                    }
+                    Some(_) => {}
+                    None => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+            assert_eq!(errors, want, "connection {conn}");
+        }
+        assert!(!f.conns[0].0.closed.load(Ordering::Relaxed));
     }
 }

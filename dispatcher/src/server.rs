@@ -103,7 +103,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         session_reset: backend.session_reset,
     };
     let initial = config.initial_pool_size();
-    let pool = Pool::new(0, config.pool.queue_capacity, backend.name.clone(), metrics.clone());
+    let pool = Pool::new(0, config.queue_limits(), backend.name.clone(), metrics.clone());
     let ctx = Arc::new(Ctx::new(
         config.clone(),
         pool,
@@ -298,6 +298,7 @@ fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path
                 info!(size, "SIGHUP: resizing pool");
                 supervisor.resize(size);
             }
+            ctx.pool.set_limits(new.queue_limits());
             if new.backend != ctx.config.backend
                 || new.listen != ctx.config.listen
                 || new.auth != ctx.config.auth

@@ -454,7 +454,7 @@ async fn sdk_reconnects_after_dispatcher_sigkill() {
     let Cluster {
         mut dispatcher,
         sandbox: _sandbox,
-    } = Cluster::start("[pool]\nsize = 2\n[limits]\nmax_streams_per_connection = 2\n")
+    } = Cluster::start("[pool]\nsize = 2\nmax_per_connection = 0\n[limits]\nmax_streams_per_connection = 2\n")
         .await
         .expect("cluster");
     let a = &mut dispatcher;

@@ -339,6 +339,10 @@ struct Pool {
     quitting: u64,
     queue_depth: u64,
     queue_capacity: u64,
+    #[serde(default)]
+    waiting_connections: u64,
+    #[serde(default)]
+    capped_connections: u64,
     respawns: u64,
     recycles: u64,
     fatal_exits: u64,
@@ -383,8 +387,14 @@ fn render_status(st: &Status) -> String {
         p.size, p.idle, p.busy, p.starting, p.quitting
     ));
     out.push_str(&format!(
-        "queue: {}/{} | respawns {} | recycles {} | fatal exits {}\n",
-        p.queue_depth, p.queue_capacity, p.respawns, p.recycles, p.fatal_exits
+        "queue: {}/{} from {} connections ({} at their worker cap) | respawns {} | recycles {} | fatal exits {}\n",
+        p.queue_depth,
+        p.queue_capacity,
+        p.waiting_connections,
+        p.capped_connections,
+        p.respawns,
+        p.recycles,
+        p.fatal_exits
     ));
     if let Some(c) = &st.clients {
         out.push_str(&format!(

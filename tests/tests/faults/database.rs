@@ -54,7 +54,8 @@ async fn kill_session(db: &mut mysql_async::Conn, id: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_session_killed() {
     let _serial = serial().await;
-    let c = cluster("[pool]\nsize = 2\n").await;
+    // One connection keeps both workers busy: no per-connection cap.
+    let c = cluster("[pool]\nsize = 2\nmax_per_connection = 0\n").await;
     let d = &c.dispatcher;
     let client: Client = d.client().await.unwrap();
     client.query("SELECT 1", &[]).await.unwrap();

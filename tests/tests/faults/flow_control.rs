@@ -21,7 +21,9 @@ const BIG: &str = "SELECT seq, REPEAT('x', 100) FROM seq_1_to_100000";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unread_stream_does_not_hold_up_the_others() {
     let _serial = serial().await;
-    let c = cluster("[pool]\nsize = 2\nbatch_rows = 100\n").await;
+    // One connection runs the unread stream and the others on the second worker: no
+    // per-connection cap (it would keep the second worker for other connections).
+    let c = cluster("[pool]\nsize = 2\nbatch_rows = 100\nmax_per_connection = 0\n").await;
     let d = &c.dispatcher;
     let client = d.client().await.unwrap();
     client.query("SELECT 1", &[]).await.unwrap();

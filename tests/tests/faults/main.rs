@@ -14,6 +14,7 @@
 mod bad_input;
 mod cancel;
 mod database;
+mod fairness;
 mod fd_limits;
 mod flow_control;
 mod hangs;

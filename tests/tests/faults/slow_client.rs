@@ -217,8 +217,9 @@ async fn fatal_error_behind_a_full_client_queue() {
     // Frequent PINGs (the relay's PING to the exiting worker is what once dropped the
     // ERROR), but a long keepalive_timeout: this client is silent while it waits on
     // the admin API, which a loaded machine can make slow.
+    // (One connection keeps both workers busy: no per-connection cap.)
     let c = cluster(
-        "[pool]\nsize = 2\n[timeouts]\nkeepalive_interval_ms = 200\nkeepalive_timeout_ms = 5000\n\
+        "[pool]\nsize = 2\nmax_per_connection = 0\n[timeouts]\nkeepalive_interval_ms = 200\nkeepalive_timeout_ms = 5000\n\
          [limits]\nclient_write_timeout_ms = 20000\nclient_write_queue = 16\n",
     )
     .await;
