@@ -11,7 +11,6 @@ use osprey_protocol::{
     ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError, Request, Role,
     Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::{timeout, Instant};
@@ -23,9 +22,10 @@ use crate::ctx::Ctx;
 use crate::job::Job;
 use crate::pool::SubmitError;
 use crate::streams::{ClientShared, OpenError};
+use crate::tls::{ClientRead, ClientWrite, ServerTls};
 
-type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
-type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
+type Reader = FramedRead<ClientRead, FrameCodec>;
+type Writer = FramedWrite<ClientWrite, FrameCodec>;
 
 /// Largest frame accepted before the client has authenticated.
 const HANDSHAKE_MAX_PAYLOAD: usize = 64 * 1024;
@@ -66,14 +66,19 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 /// without a frame from the client (and since our GOAWAY).
 const DRAIN_QUIET: Duration = Duration::from_millis(500);
 
-pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, _permit: OwnedSemaphorePermit) {
+pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, tls: Option<Arc<ServerTls>>, _permit: OwnedSemaphorePermit) {
     let id = ctx.next_conn_id();
     let peer = socket.peer_addr().ok();
     let _ = socket.set_nodelay(true);
     let span = tracing::info_span!("client", conn = id, ?peer);
     async move {
         ctx.metrics.client_connections.inc();
-        let (rd, wr) = socket.into_split();
+        // On a TLS port the TLS handshake gets its own handshake_timeout, before HELLO's.
+        let tls_limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
+        let Some((rd, wr)) = crate::tls::open(socket, tls.as_deref(), tls_limit, &ctx.metrics).await else {
+            ctx.metrics.client_connections.dec();
+            return;
+        };
         // Until a client has authenticated it may not make us buffer more than a HELLO.
         let mut reader = FramedRead::new(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD));
         let mut writer = FramedWrite::new(wr, FrameCodec::new(ctx.config.limits.max_payload));

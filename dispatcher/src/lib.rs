@@ -14,4 +14,5 @@ pub mod relay;
 pub mod server;
 pub mod streams;
 pub mod supervisor;
+pub mod tls;
 pub mod worker_link;

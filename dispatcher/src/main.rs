@@ -63,6 +63,10 @@ fn main() -> anyhow::Result<()> {
     }
     config.validate()?;
     if args.check_config {
+        // The certificate files too: a rotation can be checked before SIGHUP.
+        if let Some(tls) = &config.listen.tls {
+            osprey_dispatcher::tls::load(tls).context("[listen.tls]")?;
+        }
         println!("config ok");
         return Ok(());
     }

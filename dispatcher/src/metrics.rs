@@ -19,6 +19,11 @@ pub struct StateLabel {
     pub state: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<OutcomeLabel, Counter>,
@@ -36,6 +41,8 @@ pub struct Metrics {
     pub streams_opened: Counter,
     pub streams_closed: Counter,
     pub streams_open: Gauge,
+    /// Connections refused on a TLS client port before HELLO, by reason.
+    pub tls_refused: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -122,6 +129,12 @@ impl Metrics {
             streams_closed.clone(),
         );
         registry.register("streams_open", "Client streams open now", streams_open.clone());
+        let tls_refused = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "client_tls_refused",
+            "Connections refused on the TLS client port (plaintext, handshake, timeout)",
+            tls_refused.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -139,7 +152,12 @@ impl Metrics {
             streams_opened,
             streams_closed,
             streams_open,
+            tls_refused,
         }
+    }
+
+    pub fn tls_refused(&self, reason: &'static str) {
+        self.tls_refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     pub fn slot_state(&self, state: SlotState) -> Gauge {
