@@ -46,7 +46,7 @@ pub enum TlsConfigError {
     NoCertificate { path: String },
     #[error("{path}: no usable PEM private key: {message}")]
     Key { path: String, message: String },
-    #[error("certificate and key do not fit together: {0}")]
+    #[error("certificate chain or key not usable: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("client CA file {path}: {message}")]
     ClientCa { path: String, message: String },

@@ -400,3 +400,45 @@ async fn a_dispatcher_with_a_bad_certificate_does_not_start() -> anyhow::Result<
     assert_ne!(code, Some(0), "refused to start");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_downtime_restart_on_a_tls_port() -> anyhow::Result<()> {
+    let ca = TestCa::new("osprey-test")?;
+    let leaf = ca.server("server", &["127.0.0.1"])?;
+    let sandbox = Sandbox::start(0).await?;
+    let mut old = Dispatcher::start(sandbox.primary(), &listen_tls(&leaf, "")).await?;
+    let client = Client::connect(tls_config(&old, trusting(&ca))).await?;
+    assert_eq!(select_one(&client).await?, 1);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (client, stop) = (client.clone(), stop.clone());
+        async move {
+            let (mut ok, mut errors) = (0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match select_one(&client).await {
+                    Ok(_) => ok += 1,
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+            (ok, errors)
+        }
+    });
+    let new = old.start_beside().await?;
+    old.signal(Signal::SIGTERM);
+    assert_eq!(old.wait_exit(Duration::from_secs(20)).await?, Some(0));
+    wait_for(Duration::from_secs(10), "requests on the new dispatcher", || async {
+        let s = new.status().await.ok()?;
+        (s["streams"]["opened"].as_u64()? > 0).then_some(())
+    })
+    .await?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, errors) = load.await?;
+    assert!(
+        errors.is_empty(),
+        "{} errors across the switch: {errors:?}",
+        errors.len()
+    );
+    assert!(ok > 0);
+    assert!(client.stats().reconnects >= 1, "the client moved over TLS");
+    Ok(())
+}
