@@ -67,7 +67,8 @@ async fn tls_listener_serves_tls_and_refuses_plaintext_and_wrong_ca() -> anyhow:
     let other_ca = TestCa::new("other")?;
     let leaf = ca.server("server", &["localhost", "127.0.0.1"])?;
     let sandbox = Sandbox::start(0).await?;
-    let d = Dispatcher::start(sandbox.primary(), &listen_tls(&leaf, "")).await?;
+    let overrides = format!("{}\n[timeouts]\nhandshake_timeout_ms = 1000\n", listen_tls(&leaf, ""));
+    let d = Dispatcher::start(sandbox.primary(), &overrides).await?;
 
     // End to end: the certificate is checked against the host of the address (an IP here).
     let client = Client::connect(tls_config(&d, trusting(&ca))).await?;
@@ -121,6 +122,27 @@ async fn tls_listener_serves_tls_and_refuses_plaintext_and_wrong_ca() -> anyhow:
     let e = connect_err(tls_config(&d, wrong_name)).await;
     assert!(e.message().contains("certificate is for another name"), "{e}");
 
+    // A connection that starts no TLS handshake (silent, or a ClientHello cut short) is
+    // closed after handshake_timeout_ms.
+    for first in [&b""[..], &[0x16, 0x03][..]] {
+        let started = Instant::now();
+        let mut sock = TcpStream::connect(d.client_addr).await?;
+        tokio::io::AsyncWriteExt::write_all(&mut sock, first).await?;
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::io::AsyncReadExt::read(&mut sock, &mut buf),
+        )
+        .await?
+        .unwrap_or(0);
+        assert_eq!(n, 0, "closed without an answer");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+    }
+
     // The refusals are counted by reason (and logged).
     let m = d.metrics().await?;
     assert_eq!(
@@ -130,6 +152,11 @@ async fn tls_listener_serves_tls_and_refuses_plaintext_and_wrong_ca() -> anyhow:
     );
     assert!(
         metric(&m, "osprey_client_tls_refused_total{reason=\"handshake\"}") >= 2,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "osprey_client_tls_refused_total{reason=\"timeout\"}"),
+        2,
         "{m}"
     );
 
