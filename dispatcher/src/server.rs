@@ -310,12 +310,8 @@ fn abort(ctx: &Ctx) {
 /// SIGHUP: re-read the config file, apply the pool size and load the TLS files again.
 fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path>, tls: Option<&ServerTls>) {
     let Some(path) = path else {
-        // Certificates are rotated in place more often than the config changes.
-        if let (Some(tls), Some(files)) = (tls, &ctx.config.listen.tls) {
-            reload_tls(tls, files);
-        } else {
-            warn!("SIGHUP: no --config file to reload");
-        }
+        // (TLS is configured only in a file, so there is no certificate to reload either.)
+        warn!("SIGHUP: no --config file to reload");
         return;
     };
     match Config::load(path) {
