@@ -6,6 +6,8 @@
 //! * `direct-unpooled`: one `mysql_async::Conn` per client task;
 //! * `osprey`: the client SDK (one `Client` per 256 client tasks, multiplexed) → a real
 //!   `osprey-dispatcher` → `--workers` `osprey-worker`s;
+//! * `osprey-tls`: the same as `osprey` with TLS between the SDK and a second dispatcher
+//!   (`[listen.tls]`, a certificate made at start), for an A/B of TLS's cost in one run;
 //! * `haproxy`: a `mysql_async::Pool` of `--workers` connections through HAProxy (TCP mode).
 //!
 //! Each (workload, clients, target) runs `--warmup` seconds, then is measured for
@@ -17,6 +19,7 @@ mod cpu;
 mod memory;
 mod procs;
 mod report;
+mod tls;
 mod workload;
 
 use std::path::PathBuf;
@@ -41,6 +44,7 @@ pub enum Target {
     Direct,
     DirectUnpooled,
     Osprey,
+    OspreyTls,
     Haproxy,
 }
 
@@ -50,6 +54,7 @@ impl Target {
             Target::Direct => "direct",
             Target::DirectUnpooled => "direct-unpooled",
             Target::Osprey => "osprey",
+            Target::OspreyTls => "osprey-tls",
             Target::Haproxy => "haproxy",
         }
     }
@@ -107,6 +112,8 @@ struct Ctx {
     args: Args,
     sandbox: Sandbox,
     dispatcher: Option<procs::Dispatcher>,
+    tls_dispatcher: Option<procs::Dispatcher>,
+    pki: Option<tls::BenchPki>,
     haproxy: Option<procs::Haproxy>,
     watched: Watched,
 }
@@ -140,7 +147,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("haproxy is not installed: skipping the haproxy target");
         targets.retain(|t| *t != Target::Haproxy);
     }
-    let bin_dir = if targets.contains(&Target::Osprey) {
+    let bin_dir = if targets.contains(&Target::Osprey) || targets.contains(&Target::OspreyTls) {
         Some(procs::bin_dir(args.bin_dir.as_deref())?)
     } else {
         None
@@ -160,15 +167,29 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mariadb_version = workload::load(primary, args.rows).await?;
 
     let dispatcher = match &bin_dir {
-        Some(dir) => {
+        Some(dir) if targets.contains(&Target::Osprey) => {
             eprintln!(
                 "starting osprey-dispatcher from {} with {} workers ...",
                 dir.display(),
                 args.workers
             );
-            Some(procs::Dispatcher::start(dir, primary, args.workers, max_clients, &args.session_reset).await?)
+            Some(procs::Dispatcher::start(dir, primary, args.workers, max_clients, &args.session_reset, None).await?)
         }
-        None => None,
+        _ => None,
+    };
+    let pki = match targets.contains(&Target::OspreyTls) {
+        true => Some(tls::BenchPki::new()?),
+        false => None,
+    };
+    let tls_dispatcher = match (&bin_dir, &pki) {
+        (Some(dir), Some(pki)) => {
+            eprintln!("starting a TLS osprey-dispatcher with {} workers ...", args.workers);
+            Some(
+                procs::Dispatcher::start(dir, primary, args.workers, max_clients, &args.session_reset, Some(pki))
+                    .await?,
+            )
+        }
+        _ => None,
     };
     let haproxy = match (&haproxy_bin, targets.contains(&Target::Haproxy)) {
         (Some(bin), true) => Some(procs::Haproxy::start(bin, primary.port()).await?),
@@ -183,6 +204,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args,
         sandbox,
         dispatcher,
+        tls_dispatcher,
+        pki,
         haproxy,
         watched,
     };
@@ -291,8 +314,12 @@ async fn handles(ctx: &Ctx, target: Target, clients: usize) -> anyhow::Result<(V
                 .await?;
             (conns.into_iter().map(Handle::Conn).collect(), None)
         }
-        Target::Osprey => {
-            let d = ctx.dispatcher.as_ref().context("dispatcher not started")?;
+        Target::Osprey | Target::OspreyTls => {
+            let d = match target {
+                Target::OspreyTls => ctx.tls_dispatcher.as_ref(),
+                _ => ctx.dispatcher.as_ref(),
+            }
+            .context("dispatcher not started")?;
             let n = match ctx.args.osprey_connections {
                 0 => clients.div_ceil(256),
                 n => n.min(clients),
@@ -302,6 +329,9 @@ async fn handles(ctx: &Ctx, target: Target, clients: usize) -> anyhow::Result<(V
                 let mut cfg = ClientConfig::new(d.client_addr.to_string(), d.client_token.clone());
                 cfg.name = "osprey-bench".into();
                 cfg.max_waiting = cfg.max_waiting.max(clients * 2);
+                if target == Target::OspreyTls {
+                    cfg.tls = ctx.pki.as_ref().map(tls::BenchPki::client_config);
+                }
                 cs.push(Client::connect(cfg).await?);
             }
             ((0..clients).map(|i| Handle::Client(cs[i % n].clone())).collect(), None)
@@ -329,12 +359,20 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
 
     tokio::time::sleep(Duration::from_secs_f64(ctx.args.warmup)).await;
     phase.store(workload::MEASURE, Ordering::SeqCst);
-    let before = Snapshot::take(&ctx.watched);
+    // The TLS target's CPU figures are those of its own dispatcher and workers.
+    let watched = match target {
+        Target::OspreyTls => Watched {
+            dispatcher: ctx.tls_dispatcher.as_ref().map(procs::Dispatcher::pid),
+            ..ctx.watched.clone()
+        },
+        _ => ctx.watched.clone(),
+    };
+    let before = Snapshot::take(&watched);
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(ctx.args.duration)).await;
     phase.store(workload::STOP, Ordering::SeqCst);
     let elapsed = t0.elapsed().as_secs_f64();
-    let after = Snapshot::take(&ctx.watched);
+    let after = Snapshot::take(&watched);
     let load1 = cpu::load1();
     let cpu = cpu::delta(&before, &after);
 

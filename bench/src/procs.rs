@@ -107,6 +107,7 @@ impl Dispatcher {
         workers: usize,
         max_clients: usize,
         session_reset: &str,
+        tls: Option<&crate::tls::BenchPki>,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("osprey-bench-").tempdir()?;
         let client_addr = free_addr()?;
@@ -151,6 +152,14 @@ session_reset = "{session_reset}"
             password = backend.password(),
             db = backend.database(),
         );
+        let config = match tls {
+            Some(pki) => format!(
+                "{config}\n[listen.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+                pki.cert_file.display().to_string(),
+                pki.key_file.display().to_string()
+            ),
+            None => config,
+        };
         let config_path = dir.path().join("osprey.toml");
         std::fs::write(&config_path, config)?;
         let mut cmd = Command::new(bin_dir.join("osprey-dispatcher"));

@@ -73,7 +73,7 @@ impl RunResult {
 /// CPU µs per query of the processes on `target`'s path.
 fn per_query(target: Target, cpu: &CpuSeconds, queries: u64) -> CpuPerQuery {
     let us = |s: Option<f64>| s.filter(|_| queries > 0).map(|s| s * 1e6 / queries as f64);
-    let osprey = target == Target::Osprey;
+    let osprey = matches!(target, Target::Osprey | Target::OspreyTls);
     CpuPerQuery {
         loadgen: us(Some(cpu.loadgen)),
         dispatcher: us(cpu.dispatcher.filter(|_| osprey)),
@@ -217,6 +217,14 @@ pub fn print_headlines(results: &[RunResult]) {
         "  osprey/haproxy         throughput, C=64:   {}",
         ratio(results, "osprey", "haproxy", P, 64)
     );
+    for c in [1, 64] {
+        if find(results, "osprey-tls", P, c).is_some() {
+            println!(
+                "  osprey-tls/osprey      throughput, C={c:<4} {}",
+                ratio(results, "osprey-tls", "osprey", P, c)
+            );
+        }
+    }
     let disp = find(results, "osprey", P, 64).and_then(|r| r.cpu_us_per_query.dispatcher);
     println!("  dispatcher CPU per request, C=64:          {} µs", opt(disp));
     match (find(results, "osprey", P, 1), find(results, "direct", P, 1)) {

@@ -4,6 +4,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::local;
+use crate::tls::TlsConfig;
 
 /// Default dispatcher address for clients.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7400";
@@ -50,6 +51,10 @@ pub struct ClientConfig {
     /// Requests that may wait locally for a free stream (beyond the dispatcher's
     /// `max_streams`) before new ones fail with `QUEUE_FULL`. Default 10 000.
     pub max_waiting: usize,
+    /// TLS to the dispatcher (`None`, the default: plain TCP). A dispatcher with
+    /// `[listen.tls]` answers a plaintext client with `ERROR PROTOCOL_VIOLATION`
+    /// "this port requires TLS".
+    pub tls: Option<TlsConfig>,
 }
 
 impl ClientConfig {
@@ -69,6 +74,7 @@ impl ClientConfig {
             max_retries: 3,
             stream_buffer: 16,
             max_waiting: 10_000,
+            tls: None,
         }
     }
 

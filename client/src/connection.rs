@@ -24,7 +24,6 @@ use osprey_protocol::{
     Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Ping, Role, Window, PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
 };
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -33,6 +32,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ClientConfig;
 use crate::error::Error;
+use crate::tls::{BoxRead, BoxWrite};
 
 /// Frames fed to the socket before one flush.
 const WRITE_BATCH: usize = 256;
@@ -389,7 +389,13 @@ pub(crate) async fn connect(addr: &str, cfg: &ClientConfig, stats: Arc<Stats>) -
             .await
             .map_err(|e| Error::client(ErrorCode::ConnectFailed, false, format!("connect to {addr}: {e}")))?;
         let _ = sock.set_nodelay(true);
-        let (r, w) = sock.into_split();
+        let (r, w): (BoxRead, BoxWrite) = match &cfg.tls {
+            None => {
+                let (r, w) = sock.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(tls) => crate::tls::connect(addr, tls, sock).await?,
+        };
         let mut reader = FramedRead::new(r, FrameCodec::default());
         let mut writer = FramedWrite::new(w, FrameCodec::default());
         let hello = Hello {
@@ -409,12 +415,25 @@ pub(crate) async fn connect(addr: &str, cfg: &ClientConfig, stats: Arc<Stats>) -
             .map_err(|e| Error::client(ErrorCode::ConnectFailed, false, format!("send HELLO to {addr}: {e}")))?;
         let frame = match reader.next().await {
             Some(Ok(f)) => f,
+            // Under TLS 1.3 a dispatcher that refuses our certificate says so only now.
+            Some(Err(osprey_protocol::ProtocolError::Io(e))) if cfg.tls.is_some() => {
+                return Err(Error::client(
+                    ErrorCode::ConnectFailed,
+                    false,
+                    crate::tls::describe(addr, &e),
+                ))
+            }
             Some(Err(e)) => {
+                let hint = if cfg.tls.is_none() && e.code() == ErrorCode::FrameTooLarge {
+                    " (a TLS server? this port may require TLS)"
+                } else {
+                    ""
+                };
                 return Err(Error::client(
                     e.code(),
                     false,
-                    format!("bad frame from {addr} during handshake: {e}"),
-                ))
+                    format!("bad frame from {addr} during handshake: {e}{hint}"),
+                ));
             }
             None => {
                 return Err(Error::client(
@@ -494,7 +513,7 @@ pub(crate) async fn connect(addr: &str, cfg: &ClientConfig, stats: Arc<Stats>) -
 
 async fn writer_task(
     shared: Arc<ConnShared>,
-    mut w: FramedWrite<OwnedWriteHalf, FrameCodec>,
+    mut w: FramedWrite<BoxWrite, FrameCodec>,
     mut cmd_rx: mpsc::Receiver<Cmd>,
     ping_every: Duration,
 ) {
@@ -551,7 +570,7 @@ async fn writer_task(
 
 async fn reader_task(
     shared: Arc<ConnShared>,
-    mut r: FramedRead<OwnedReadHalf, FrameCodec>,
+    mut r: FramedRead<BoxRead, FrameCodec>,
     cmd: mpsc::WeakSender<Cmd>,
     keepalive_timeout: Duration,
 ) {

@@ -65,6 +65,7 @@ pub mod local;
 pub mod retry;
 pub mod rows;
 mod stream;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -74,6 +75,7 @@ pub use error::Error;
 pub use osprey_protocol::{Column, ErrorCode, Origin, Request, Statement, Value};
 pub use rows::{display_value, value_to_json, FromRow, FromValue, IntoParam, ResultSetMeta, Row};
 pub use stream::{BatchResult, ExecResult, QueryResult, ResultSet, RowStream, StreamItem};
+pub use tls::TlsConfig;
 
 /// One statement of a [`Client::batch`].
 pub fn statement(sql: impl Into<String>, params: Vec<Value>) -> Statement {

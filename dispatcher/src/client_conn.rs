@@ -11,7 +11,6 @@ use osprey_protocol::{
     Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError,
     Request, Role, Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{timeout, Instant};
@@ -23,9 +22,10 @@ use crate::ctx::Ctx;
 use crate::job::Job;
 use crate::pool::SubmitError;
 use crate::streams::{outbox, ClientShared, Inbox, OpenError};
+use crate::tls::{ClientRead, ClientWrite, ServerTls};
 
-type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
-type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
+type Reader = FramedRead<ClientRead, FrameCodec>;
+type Writer = FramedWrite<ClientWrite, FrameCodec>;
 
 /// Largest frame accepted before the client has authenticated (docs/PROTOCOL.md, section
 /// 15): a HELLO is a few hundred bytes. With `limits.max_pending_handshakes` it bounds what
@@ -71,26 +71,40 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 /// without a frame from the client (and since our GOAWAY).
 const DRAIN_QUIET: Duration = Duration::from_millis(500);
 
-pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, _permit: OwnedSemaphorePermit) {
+pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, tls: Option<Arc<ServerTls>>, _permit: OwnedSemaphorePermit) {
     let id = ctx.next_conn_id();
     let peer = socket.peer_addr().ok();
     let _ = socket.set_nodelay(true);
     let span = tracing::info_span!("client", conn = id, ?peer);
     async move {
         ctx.metrics.client_connections.inc();
-        let (rd, wr) = socket.into_split();
         let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
         // Only so many connections read their HELLO at once; the others wait their turn
         // with nothing buffered (their bytes stay in the kernel), each for at most the
         // handshake timeout, and then get that timeout's full length for their HELLO.
-        let slot = timeout(limit, ctx.handshakes.clone().acquire_owned()).await;
+        let slot = timeout(limit, ctx.handshakes.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if slot.is_none() && tls.is_some() {
+            // A TLS handshake just to say "try again" would buffer outside the bound.
+            debug!(conn = id, "no handshake slot on the TLS port; closing");
+            ctx.metrics.client_connections.dec();
+            return;
+        }
+        // On a TLS port the TLS handshake runs inside the slot (its buffers count against
+        // the same bound) and gets its own handshake_timeout, before HELLO's.
+        let Some((rd, wr)) = crate::tls::open(socket, tls.as_deref(), limit, &ctx.metrics).await else {
+            ctx.metrics.client_connections.dec();
+            return;
+        };
         // Until a client has authenticated it may not make us buffer more than a HELLO:
         // no buffer until its bytes come, and at most one HELLO's worth.
         let mut reader = FramedRead::with_capacity(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD), 0);
         let mut writer = FramedWrite::with_capacity(wr, FrameCodec::new(ctx.config.limits.max_payload), 0);
         let shaken = match slot {
-            Ok(Ok(_slot)) => handshake(&ctx, id, limit, &mut reader, &mut writer).await,
-            _ => Err(conn_error(
+            Some(_slot) => handshake(&ctx, id, limit, &mut reader, &mut writer).await,
+            None => Err(conn_error(
                 ErrorCode::KeepaliveTimeout,
                 "too many connections in handshake; try again",
             )),

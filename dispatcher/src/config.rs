@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use osprey_protocol::SessionReset;
+use osprey_protocol::{SessionReset, SslMode};
 use serde::{Deserialize, Serialize};
 
 use crate::wait_queue::QueueLimits;
@@ -44,6 +44,34 @@ pub struct Listen {
     /// Directory for the worker socket and the local credentials file.
     /// Default: `$OSPREY_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/osprey`, else `/tmp/osprey-<uid>`.
     pub runtime_dir: Option<PathBuf>,
+    /// TLS on the client listener. Absent: plain TCP.
+    pub tls: Option<ListenTls>,
+}
+
+/// `[listen.tls]`: the client listener speaks TLS only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenTls {
+    /// PEM certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the leaf.
+    pub key_file: PathBuf,
+    /// PEM CA certificates that client certificates must chain to. Absent: clients
+    /// present no certificate and the token alone authenticates them.
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+    /// With `client_ca_file`: `require` (a client without a valid certificate fails the
+    /// TLS handshake) or `optional` (a client may present none; one it presents must be valid).
+    #[serde(default)]
+    pub client_auth: ClientAuth,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    #[default]
+    Require,
+    Optional,
 }
 
 impl Default for Listen {
@@ -52,6 +80,7 @@ impl Default for Listen {
             client: "127.0.0.1:7400".parse().expect("valid literal"),
             admin: "127.0.0.1:7401".parse().expect("valid literal"),
             runtime_dir: None,
+            tls: None,
         }
     }
 }
@@ -256,6 +285,18 @@ pub struct Backend {
     /// `auto` (reset after requests whose text may leave session state) or `always`.
     #[serde(default)]
     pub session_reset: SessionReset,
+    /// TLS from the workers to the database: `disabled`, `preferred`, `required`,
+    /// `verify_ca` or `verify_identity` (see docs/CONFIG.md).
+    #[serde(default)]
+    pub ssl_mode: SslMode,
+    /// PEM CA certificates the database's certificate must chain to (`verify_ca`,
+    /// `verify_identity`). Absent: the built-in public roots (webpki-roots).
+    #[serde(default)]
+    pub ssl_ca: Option<PathBuf>,
+    /// Name checked against the database's certificate under `verify_identity`.
+    /// Absent: `host`.
+    #[serde(default)]
+    pub ssl_server_name: Option<String>,
 }
 
 fn default_backend_name() -> String {
@@ -333,6 +374,20 @@ impl Config {
         if self.pool.queue_capacity == 0 || self.pool.queue_bytes == 0 || self.pool.queue_bytes_per_connection == 0 {
             return bad("pool.queue_capacity, pool.queue_bytes and pool.queue_bytes_per_connection must be at least 1");
         }
+        if let Some(b) = &self.backend {
+            let verifies = matches!(b.ssl_mode, SslMode::VerifyCa | SslMode::VerifyIdentity);
+            if b.ssl_ca.is_some() && !verifies {
+                return bad("backend.ssl_ca is only used with ssl_mode verify_ca or verify_identity");
+            }
+            if b.ssl_server_name.is_some() && b.ssl_mode != SslMode::VerifyIdentity {
+                return bad("backend.ssl_server_name is only used with ssl_mode verify_identity");
+            }
+            if let Some(ca) = &b.ssl_ca {
+                if let Err(e) = std::fs::File::open(ca) {
+                    return Err(ConfigError::Invalid(format!("backend.ssl_ca {}: {e}", ca.display())));
+                }
+            }
+        }
         if self.pool.batch_rows == 0 || (self.pool.batch_bytes as usize) >= self.limits.max_payload {
             return bad("pool.batch_rows must be >= 1 and pool.batch_bytes below limits.max_payload");
         }
@@ -400,6 +455,22 @@ mod tests {
         assert_eq!(c.queue_limits().max_per_token, 6);
         let c: Config = toml::from_str("[pool]\nqueue_bytes = 0\n").unwrap();
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn tls_keys_parse_with_defaults() {
+        let c: Config = toml::from_str("[listen.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n").unwrap();
+        let tls = c.listen.tls.unwrap();
+        assert_eq!(tls.client_auth, ClientAuth::Require);
+        assert!(tls.client_ca_file.is_none());
+        assert!(toml::from_str::<Config>("[listen.tls]\ncert_file = \"c.pem\"\n").is_err());
+        let base = "[backend]\nhost = \"db\"\nuser = \"app\"\n";
+        let c: Config = toml::from_str(base).unwrap();
+        assert_eq!(c.backend.as_ref().unwrap().ssl_mode, SslMode::Disabled);
+        let c: Config = toml::from_str(&format!("{base}ssl_mode = \"verify_identity\"\n")).unwrap();
+        assert_eq!(c.backend.as_ref().unwrap().ssl_mode, SslMode::VerifyIdentity);
+        let c: Config = toml::from_str(&format!("{base}ssl_mode = \"required\"\nssl_ca = \"/etc/hosts\"\n")).unwrap();
+        assert!(c.validate().is_err(), "a CA that no mode uses is refused");
     }
 
     #[test]

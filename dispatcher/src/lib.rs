@@ -15,5 +15,6 @@ pub mod relay;
 pub mod server;
 pub mod streams;
 pub mod supervisor;
+pub mod tls;
 pub mod wait_queue;
 pub mod worker_link;

@@ -70,6 +70,10 @@ fn main() -> anyhow::Result<()> {
             "file limit {}, reserve {}, max_client_connections {}",
             budget.limit, budget.reserve, budget.max_client_connections
         );
+        // The certificate files too: a rotation can be checked before SIGHUP.
+        if let Some(tls) = &config.listen.tls {
+            osprey_dispatcher::tls::load(tls).context("[listen.tls]")?;
+        }
         println!("config ok");
         return Ok(());
     }

@@ -24,6 +24,11 @@ pub struct StateLabel {
     pub state: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<OutcomeLabel, Counter>,
@@ -45,6 +50,8 @@ pub struct Metrics {
     pub admin_rejected: Counter,
     pub client_rejected: Counter,
     pub accept_errors: Family<ListenerLabel, Counter>,
+    /// Connections refused on a TLS client port before HELLO, by reason.
+    pub tls_refused: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -155,6 +162,12 @@ impl Metrics {
             "Failed accept() calls by listener (EMFILE and the like)",
             accept_errors.clone(),
         );
+        let tls_refused = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "client_tls_refused",
+            "Connections refused on the TLS client port (plaintext, handshake, timeout)",
+            tls_refused.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -176,7 +189,12 @@ impl Metrics {
             admin_rejected,
             client_rejected,
             accept_errors,
+            tls_refused,
         }
+    }
+
+    pub fn tls_refused(&self, reason: &'static str) {
+        self.tls_refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     pub fn slot_state(&self, state: SlotState) -> Gauge {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use osprey_client::local::{runtime_dir, Credentials};
-use osprey_protocol::{Backend, WorkerSettings};
+use osprey_protocol::{Backend, BackendTls, SslMode, WorkerSettings};
 use osprey_sandbox::Sandbox;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
@@ -22,6 +22,7 @@ use crate::listen;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::supervisor::Supervisor;
+use crate::tls::ServerTls;
 
 /// How long workers get to finish the quit handshake at shutdown before they are killed.
 const WORKER_QUIT_LIMIT: Duration = Duration::from_secs(10);
@@ -57,6 +58,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                 database: Some(p.database().to_string()),
                 connect_timeout_ms: 5_000,
                 session_reset: Default::default(),
+                ssl_mode: Default::default(),
+                ssl_ca: None,
+                ssl_server_name: None,
             };
             info!(url = %p.url(), "sandbox primary ready");
             (b, Some(sandbox))
@@ -77,6 +81,21 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             worker_binary.display()
         );
     }
+
+    // Read before binding: a bad certificate stops the start while the old dispatcher
+    // (on a zero-downtime restart) still serves.
+    let tls = match &config.listen.tls {
+        Some(t) => Some(ServerTls::new(t).context("loading [listen.tls]")?),
+        None => {
+            if !config.listen.client.ip().is_loopback() {
+                warn!(
+                    client = %config.listen.client,
+                    "client listener is not on loopback and has no [listen.tls]: tokens and data cross the network in clear"
+                );
+            }
+            None
+        }
+    };
 
     let socket_path = dir.join(format!("worker-{}.sock", std::process::id()));
     let worker_listener = listen::bind_worker_socket(&socket_path)
@@ -101,6 +120,14 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         batch_bytes: config.pool.batch_bytes,
         connect_timeout_ms: backend.connect_timeout_ms,
         session_reset: backend.session_reset,
+        backend_tls: match backend.ssl_mode {
+            SslMode::Disabled => None,
+            mode => Some(BackendTls {
+                mode,
+                ca_file: backend.ssl_ca.as_ref().map(|p| p.display().to_string()),
+                server_name: backend.ssl_server_name.clone(),
+            }),
+        },
     };
     let initial = config.initial_pool_size();
     let pool = Pool::new(0, config.queue_limits(), backend.name.clone(), metrics.clone());
@@ -131,11 +158,19 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         ctx.clone(),
         client_listener,
         fd_budget.max_client_connections,
+        tls.clone(),
     ));
-    tokio::spawn(signals(ctx.clone(), supervisor.clone(), config_path, fd_budget));
+    tokio::spawn(signals(
+        ctx.clone(),
+        supervisor.clone(),
+        config_path,
+        fd_budget,
+        tls.clone(),
+    ));
 
     info!(
         client = %config.listen.client,
+        tls = tls.is_some(),
         admin = %config.listen.admin,
         backend = %format!("{}:{}", backend.host, backend.port),
         slots = initial,
@@ -197,7 +232,7 @@ fn tokens(config: &Config, dir: &std::path::Path) -> anyhow::Result<(Vec<String>
     Ok((client_tokens, admin_token))
 }
 
-async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener, max_connections: usize) {
+async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener, max_connections: usize, tls: Option<Arc<ServerTls>>) {
     let limit = Arc::new(Semaphore::new(max_connections));
     let mut errors = AcceptErrors::new("client");
     let mut over_cap = fds::LogThrottle::default();
@@ -211,7 +246,7 @@ async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener, max_connections: u
         };
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
-                tokio::spawn(crate::client_conn::serve(ctx.clone(), socket, permit));
+                tokio::spawn(crate::client_conn::serve(ctx.clone(), socket, tls.clone(), permit));
             }
             Err(_) => {
                 ctx.metrics.client_rejected.inc();
@@ -235,7 +270,13 @@ async fn accept_workers(ctx: Arc<Ctx>, listener: UnixListener) {
     }
 }
 
-async fn signals(ctx: Arc<Ctx>, supervisor: Arc<Supervisor>, config_path: Option<PathBuf>, fds: FdBudget) {
+async fn signals(
+    ctx: Arc<Ctx>,
+    supervisor: Arc<Supervisor>,
+    config_path: Option<PathBuf>,
+    fds: FdBudget,
+    tls: Option<Arc<ServerTls>>,
+) {
     let (Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
@@ -253,7 +294,7 @@ async fn signals(ctx: Arc<Ctx>, supervisor: Arc<Supervisor>, config_path: Option
                 warn!("SIGQUIT: fast shutdown");
                 abort(&ctx);
             }
-            _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref(), &fds),
+            _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref(), &fds, tls.as_deref()),
         }
     }
 }
@@ -277,10 +318,17 @@ fn abort(ctx: &Ctx) {
     ctx.abort.cancel();
 }
 
-/// SIGHUP: re-read the config file and apply the pool size. A file whose client cap
-/// or pool would eat the file-descriptor reserve is refused whole.
-fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path>, fds: &FdBudget) {
+/// SIGHUP: re-read the config file, apply the pool size and load the TLS files again.
+/// A file whose client cap or pool would eat the file-descriptor reserve is refused whole.
+fn reload(
+    ctx: &Ctx,
+    supervisor: &Arc<Supervisor>,
+    path: Option<&std::path::Path>,
+    fds: &FdBudget,
+    tls: Option<&ServerTls>,
+) {
     let Some(path) = path else {
+        // (TLS is configured only in a file, so there is no certificate to reload either.)
         warn!("SIGHUP: no --config file to reload");
         return;
     };
@@ -299,8 +347,14 @@ fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path
                 supervisor.resize(size);
             }
             ctx.pool.set_limits(new.queue_limits());
+            match (tls, &new.listen.tls) {
+                (Some(tls), Some(files)) => reload_tls(tls, files),
+                (None, None) => {}
+                _ => warn!("SIGHUP: turning TLS on or off needs a restart; ignored"),
+            }
+            let listen_sans_tls = |l: &config::Listen| config::Listen { tls: None, ..l.clone() };
             if new.backend != ctx.config.backend
-                || new.listen != ctx.config.listen
+                || listen_sans_tls(&new.listen) != listen_sans_tls(&ctx.config.listen)
                 || new.auth != ctx.config.auth
                 || new.admin != ctx.config.admin
                 || new.limits.max_client_connections != ctx.config.limits.max_client_connections
@@ -312,5 +366,13 @@ fn reload(ctx: &Ctx, supervisor: &Arc<Supervisor>, path: Option<&std::path::Path
             }
         }
         Err(e) => error!("SIGHUP: config not reloaded: {e}"),
+    }
+}
+
+/// New connections get the new certificate; open ones keep the session they have.
+fn reload_tls(tls: &ServerTls, files: &config::ListenTls) {
+    match tls.reload(files) {
+        Ok(()) => info!(cert = %files.cert_file.display(), "SIGHUP: TLS certificate reloaded"),
+        Err(e) => error!("SIGHUP: TLS files refused, the certificate in use stays: {e}"),
     }
 }

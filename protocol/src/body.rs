@@ -78,6 +78,35 @@ pub struct Backend {
     pub database: Option<String>,
 }
 
+/// TLS from a worker to the database, named after MySQL's `--ssl-mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SslMode {
+    /// Plain TCP.
+    #[default]
+    Disabled,
+    /// TLS when the server offers it (certificate not checked), else plain TCP.
+    Preferred,
+    /// TLS or no connection; the certificate is not checked.
+    Required,
+    /// TLS, and the certificate must chain to the CA; its name is not checked.
+    VerifyCa,
+    /// As `verify_ca`, and the certificate must be valid for the server name.
+    VerifyIdentity,
+}
+
+/// `WorkerSettings.backend_tls`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendTls {
+    pub mode: SslMode,
+    /// PEM CA file the worker reads (verify modes). Absent: built-in public roots.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// Name checked under `verify_identity`. Absent: the backend's `host`.
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
 /// When a worker resets its database session between requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -111,6 +140,10 @@ pub struct WorkerSettings {
     /// When to reset the database session between requests (absent: `auto`).
     #[serde(default)]
     pub session_reset: SessionReset,
+    /// TLS to the database (absent: plain TCP). Not sent when disabled, so a worker that
+    /// predates it decodes the settings unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_tls: Option<BackendTls>,
 }
 
 /// `HELLO_ACK` (stream 0): the dispatcher accepts the connection.

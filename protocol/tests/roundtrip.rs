@@ -66,9 +66,20 @@ fn arb_worker_settings() -> impl Strategy<Value = WorkerSettings> {
         any::<u32>(),
         any::<u64>(),
         prop_oneof![Just(SessionReset::Auto), Just(SessionReset::Always)],
+        proptest::option::of((
+            prop_oneof![
+                Just(SslMode::Disabled),
+                Just(SslMode::Preferred),
+                Just(SslMode::Required),
+                Just(SslMode::VerifyCa),
+                Just(SslMode::VerifyIdentity)
+            ],
+            proptest::option::of(".{0,20}"),
+            proptest::option::of("[a-z.]{0,20}"),
+        )),
     )
         .prop_map(
-            |(backend, max_requests, max_age_ms, batch_rows, batch_bytes, connect_timeout_ms, session_reset)| {
+            |(backend, max_requests, max_age_ms, batch_rows, batch_bytes, connect_timeout_ms, session_reset, tls)| {
                 WorkerSettings {
                     backend,
                     max_requests,
@@ -77,6 +88,11 @@ fn arb_worker_settings() -> impl Strategy<Value = WorkerSettings> {
                     batch_bytes,
                     connect_timeout_ms,
                     session_reset,
+                    backend_tls: tls.map(|(mode, ca_file, server_name)| BackendTls {
+                        mode,
+                        ca_file,
+                        server_name,
+                    }),
                 }
             },
         )
@@ -701,6 +717,10 @@ fn session_reset_is_a_lowercase_string_and_defaults_to_auto() {
         },
     );
     assert_eq!(s.session_reset, SessionReset::Auto);
+    assert_eq!(
+        s.backend_tls, None,
+        "settings from a dispatcher without TLS decode as plain TCP"
+    );
     for (v, wire) in [(SessionReset::Auto, "auto"), (SessionReset::Always, "always")] {
         let bytes = rmp_serde::to_vec_named(&v).unwrap();
         assert_eq!(rmp_serde::from_slice::<String>(&bytes).unwrap(), wire);
@@ -856,4 +876,48 @@ fn unknown_origin_and_role_strings_decode_as_unknown() {
         },
     );
     assert_eq!(h.role, Role::Unknown);
+}
+
+#[test]
+fn backend_tls_is_left_out_when_absent_and_modes_are_snake_case() {
+    let mut s = WorkerSettings {
+        backend: Backend {
+            name: "primary".into(),
+            host: "db".into(),
+            port: 3306,
+            user: "app".into(),
+            password: String::new(),
+            database: None,
+        },
+        max_requests: 0,
+        max_age_ms: 0,
+        batch_rows: 1,
+        batch_bytes: 1,
+        connect_timeout_ms: 1,
+        session_reset: SessionReset::Auto,
+        backend_tls: None,
+    };
+    let plain = rmp_serde::to_vec_named(&s).unwrap();
+    let map: std::collections::BTreeMap<String, serde::de::IgnoredAny> = rmp_serde::from_slice(&plain).unwrap();
+    assert!(
+        !map.contains_key("backend_tls"),
+        "an older worker sees the same keys as before"
+    );
+    s.backend_tls = Some(BackendTls {
+        mode: SslMode::VerifyIdentity,
+        ca_file: None,
+        server_name: None,
+    });
+    let back: WorkerSettings = rmp_serde::from_slice(&rmp_serde::to_vec_named(&s).unwrap()).unwrap();
+    assert_eq!(back, s);
+    for (v, wire) in [
+        (SslMode::Disabled, "disabled"),
+        (SslMode::Preferred, "preferred"),
+        (SslMode::Required, "required"),
+        (SslMode::VerifyCa, "verify_ca"),
+        (SslMode::VerifyIdentity, "verify_identity"),
+    ] {
+        let bytes = rmp_serde::to_vec_named(&v).unwrap();
+        assert_eq!(rmp_serde::from_slice::<String>(&bytes).unwrap(), wire);
+    }
 }

@@ -230,6 +230,16 @@ impl SandboxBuilder {
         self
     }
 
+    /// TLS on every instance (`--ssl-cert`, `--ssl-key`, `--ssl-ca`: PEM files). Clients may
+    /// still connect in clear unless the server is also given
+    /// `--require-secure-transport=ON` (see [`SandboxBuilder::server_arg`]).
+    pub fn tls(mut self, cert: &Path, key: &Path, ca: &Path) -> Self {
+        for (opt, path) in [("ssl-cert", cert), ("ssl-key", key), ("ssl-ca", ca)] {
+            self.config.extra_args.push(format!("--{opt}={}", path.display()));
+        }
+        self
+    }
+
     /// Starts the sandbox; ready when it returns.
     pub async fn start(self) -> Result<Sandbox, SandboxError> {
         Sandbox::launch(self.config).await

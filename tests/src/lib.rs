@@ -1,2 +1,3 @@
 pub mod fault_proxy;
 pub mod harness;
+pub mod pki;

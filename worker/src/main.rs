@@ -197,10 +197,9 @@ async fn serve(
     max_payload: usize,
 ) -> Result<i32, LinkEnd> {
     let backend = &settings.backend;
-    let opts = session::opts(backend);
     let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
     let opened = async {
-        let mut conn = session::connect(backend, &opts, connect_timeout).await?;
+        let (mut conn, opts) = session::open(backend, settings.backend_tls.as_ref(), connect_timeout).await?;
         let info: Option<(String, u64)> = conn
             .query_first("SELECT VERSION(), @@max_allowed_packet")
             .await
@@ -208,9 +207,9 @@ async fn serve(
                 backend: backend.name.clone(),
                 source,
             })?;
-        Ok::<_, session::SessionError>((conn, info.unwrap_or_default()))
+        Ok::<_, session::SessionError>((conn, opts, info.unwrap_or_default()))
     };
-    let (conn, (server_version, max_packet)) = match link.drive(out, opened).await? {
+    let (conn, opts, (server_version, max_packet)) = match link.drive(out, opened).await? {
         Ok(c) => c,
         Err(e) => {
             error!(error = %e, "database unreachable");

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder};
-use osprey_protocol::Backend;
+use mysql_async::{Conn, DriverError, Opts, OptsBuilder, SslOpts};
+use osprey_protocol::{Backend, BackendTls, SslMode};
 
 /// The driver's own packet limit, in both directions: the protocol's maximum (1 GiB), so
 /// that it never refuses a row the server sends (the driver closes its connection on any
@@ -28,9 +28,10 @@ pub enum SessionError {
     },
 }
 
-/// Options for the worker's session and for its side connections.
-pub fn opts(b: &Backend) -> Opts {
-    OptsBuilder::default()
+/// Options for the worker's session and for its side connections. `tls` absent or
+/// `disabled`: plain TCP; `preferred` asks for TLS here, and [`open`] falls back.
+pub fn opts(b: &Backend, tls: Option<&BackendTls>) -> Opts {
+    let builder = OptsBuilder::default()
         .ip_or_hostname(b.host.clone())
         .tcp_port(b.port)
         .user(Some(b.user.clone()))
@@ -40,8 +41,45 @@ pub fn opts(b: &Backend) -> Opts {
         .max_allowed_packet(Some(MAX_ALLOWED_PACKET))
         .wait_timeout(Some(WAIT_TIMEOUT))
         .stmt_cache_size(STMT_CACHE_SIZE)
-        .local_infile_handler(Some(NoFiles))
-        .into()
+        .local_infile_handler(Some(NoFiles));
+    builder.ssl_opts(tls.and_then(ssl_opts)).into()
+}
+
+fn ssl_opts(tls: &BackendTls) -> Option<SslOpts> {
+    let verified = |ssl: SslOpts| match &tls.ca_file {
+        // A CA given is the only one trusted; else the built-in public roots.
+        Some(ca) => ssl
+            .with_root_certs(vec![std::path::PathBuf::from(ca).into()])
+            .with_disable_built_in_roots(true),
+        None => ssl,
+    };
+    match tls.mode {
+        SslMode::Disabled => None,
+        // Encryption against a passive listener only, as MySQL's PREFERRED and REQUIRED.
+        SslMode::Preferred | SslMode::Required => Some(SslOpts::default().with_danger_accept_invalid_certs(true)),
+        SslMode::VerifyCa => Some(verified(SslOpts::default()).with_danger_skip_domain_validation(true)),
+        SslMode::VerifyIdentity => {
+            Some(verified(SslOpts::default()).with_danger_tls_hostname_override(tls.server_name.clone()))
+        }
+    }
+}
+
+/// Opens the worker's session; returns the options that worked, for side connections.
+/// Under `preferred`, a server that offers no TLS gets a second, plain connection.
+pub async fn open(b: &Backend, tls: Option<&BackendTls>, timeout: Duration) -> Result<(Conn, Opts), SessionError> {
+    let opts = opts(b, tls);
+    match connect(b, &opts, timeout).await {
+        Err(SessionError::Connect {
+            source: mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer),
+            ..
+        }) if tls.is_some_and(|t| t.mode == SslMode::Preferred) => {
+            tracing::warn!(backend = %describe(b), "ssl_mode preferred: the database offers no TLS; connecting in clear");
+            let plain = self::opts(b, None);
+            let conn = connect(b, &plain, timeout).await?;
+            Ok((conn, plain))
+        }
+        r => r.map(|conn| (conn, opts)),
+    }
 }
 
 /// Answers a server's LOCAL INFILE request with an empty file. Such statements are

@@ -40,6 +40,7 @@ fn settings(sandbox: &Sandbox) -> WorkerSettings {
         batch_bytes: 64 * 1024,
         connect_timeout_ms: 5000,
         session_reset: SessionReset::Auto,
+        backend_tls: None,
     }
 }
 
@@ -660,6 +661,7 @@ async fn unreachable_database_exits_3() {
         batch_bytes: 65536,
         connect_timeout_ms: 2000,
         session_reset: SessionReset::Auto,
+        backend_tls: None,
     };
     w.send(Frame::new(Kind::HelloAck, 0, &ack(s))).await;
     let f = w.next().await;

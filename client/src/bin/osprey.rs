@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
 use osprey_client::local::{runtime_dir, Credentials};
-use osprey_client::{display_value, Client, ClientConfig, Error, QueryResult, Value};
+use osprey_client::{display_value, Client, ClientConfig, Error, QueryResult, TlsConfig, Value};
 use serde::Deserialize;
 
 #[derive(Parser, Debug)]
@@ -29,6 +29,26 @@ struct Cli {
         hide_env_values = true
     )]
     admin_token: Option<String>,
+    /// Connect to the dispatcher with TLS (implied by any other --tls-* option).
+    #[arg(long, global = true, env = "OSPREY_TLS")]
+    tls: bool,
+    /// PEM CA file for the dispatcher's certificate (default: the system's roots).
+    #[arg(long = "tls-ca", global = true, env = "OSPREY_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Name the dispatcher's certificate must be valid for (default: the host of --addr).
+    #[arg(
+        long = "tls-server-name",
+        global = true,
+        env = "OSPREY_TLS_SERVER_NAME",
+        value_name = "NAME"
+    )]
+    tls_server_name: Option<String>,
+    /// PEM client certificate chain, for a dispatcher that asks for one (with --tls-key).
+    #[arg(long = "tls-cert", global = true, env = "OSPREY_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long = "tls-key", global = true, env = "OSPREY_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -90,6 +110,20 @@ fn credentials() -> anyhow::Result<Credentials> {
     })
 }
 
+/// TLS settings from the --tls* options; `None`: plain TCP.
+fn tls_config(cli: &Cli) -> anyhow::Result<Option<TlsConfig>> {
+    let any = cli.tls_ca.is_some() || cli.tls_server_name.is_some() || cli.tls_cert.is_some() || cli.tls_key.is_some();
+    if cli.tls_cert.is_some() != cli.tls_key.is_some() {
+        return Err(anyhow!("--tls-cert and --tls-key go together"));
+    }
+    Ok((cli.tls || any).then(|| TlsConfig {
+        ca_file: cli.tls_ca.clone(),
+        server_name: cli.tls_server_name.clone(),
+        cert_file: cli.tls_cert.clone(),
+        key_file: cli.tls_key.clone(),
+    }))
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
         Cmd::Sql {
@@ -107,6 +141,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map(|p| parse_param(p))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let mut cfg = ClientConfig::new(cli.addr.clone(), token);
+            cfg.tls = tls_config(&cli)?;
             cfg.name = format!("osprey-cli[{}]", std::process::id());
             cfg.connection_wait = cfg.connect_timeout;
             cfg.request_timeout = timeout.map(Duration::from_secs_f64);
