@@ -198,6 +198,21 @@ pub fn placeholders(sql: &str) -> usize {
     code_text(sql).bytes().filter(|&b| b == b'?').count()
 }
 
+/// Whether the server may count the `?` markers of `sql` differently from
+/// [`placeholders`]: the text holds a versioned executable comment (`/*!NNNNN`, which a
+/// server older than NNNNN skips, or `/*M!`, which MySQL skips), or a backslash (under
+/// `NO_BACKSLASH_ESCAPES` it does not escape: `'C:\'` ends there). Looked for anywhere in
+/// the text, quotes included: a false `true` only leaves the count to the server.
+pub fn placeholders_depend_on_server(sql: &str) -> bool {
+    let b = sql.as_bytes();
+    b.contains(&b'\\')
+        || b.windows(4).any(|w| {
+            w[0] == b'/'
+                && w[1] == b'*'
+                && ((w[2] == b'!' && w[3].is_ascii_digit()) || (w[2] | 0x20 == b'm' && w[3] == b'!'))
+        })
+}
+
 /// Whether a top-level statement of `sql` is `LOAD DATA|XML ... LOCAL INFILE`: the
 /// server would then ask the client for a file of its own. Executable comments count
 /// as code, as everywhere here.
@@ -361,6 +376,28 @@ mod tests {
         assert_eq!(placeholders("SELECT 'a\\'?', ?"), 1);
         assert_eq!(placeholders("SELECT /*! ? */ 1"), 1);
         assert_eq!(placeholders("SELECT 1"), 0);
+    }
+
+    #[test]
+    fn placeholder_counts_the_server_decides() {
+        for sql in [
+            "SELECT ? /*!99999 , ? */",
+            "SELECT /*!50700 ? */ 1",
+            "SELECT /*M!100500 ? */ 1",
+            "SELECT /*m! ? */ 1",
+            "SELECT 'C:\\', ?",
+            "SELECT ? FROM t WHERE p LIKE 'a\\_b'",
+        ] {
+            assert!(placeholders_depend_on_server(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT ?",
+            "SELECT /*! ? */ 1",
+            "SELECT /* 1 */ ?, '/*'",
+            "SELECT '?', `?`",
+        ] {
+            assert!(!placeholders_depend_on_server(sql), "{sql}");
+        }
     }
 
     #[test]
