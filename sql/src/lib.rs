@@ -141,12 +141,13 @@ pub fn code_text(sql: &str) -> String {
 }
 
 /// The code (see [`code_text`]) of each statement of `sql`, split at `;`.
-/// A CREATE/ALTER (procedure, trigger, event) carries its body, which is not
-/// run now: it is one statement, and left out.
+/// A CREATE/ALTER of a stored program (procedure, function, trigger, event, package)
+/// carries its body, which is not run now: it is one statement, and left out. Any other
+/// CREATE/ALTER (a table, a view, …) ends at its `;` like every statement.
 pub fn top_level_statements(code: &str) -> impl Iterator<Item = &str> {
     let first_word = |s: &str| s.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
     let whole = first_word(code);
-    let parts: Vec<&str> = if whole == "create" || whole == "alter" {
+    let parts: Vec<&str> = if (whole == "create" || whole == "alter") && defines_program(code) {
         vec![code]
     } else {
         code.split(';').collect()
@@ -155,6 +156,30 @@ pub fn top_level_statements(code: &str) -> impl Iterator<Item = &str> {
         let w = first_word(p);
         !(w == "create" || w == "alter")
     })
+}
+
+/// Whether `code` (starting with CREATE or ALTER) defines a stored program:
+/// `CREATE [OR REPLACE] [DEFINER = user] [AGGREGATE] PROCEDURE|FUNCTION|TRIGGER|EVENT|PACKAGE`.
+/// The user may be several words (`u@10.0.0.1`), so the keyword is looked for among the
+/// first words once the second is one that only a program's CREATE has there.
+fn defines_program(code: &str) -> bool {
+    let program = |w: &str| {
+        ["procedure", "function", "trigger", "event", "package"]
+            .iter()
+            .any(|k| w.eq_ignore_ascii_case(k))
+    };
+    let words: Vec<&str> = code
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .take(12)
+        .collect();
+    match words.get(1) {
+        Some(w) if program(w) => true,
+        Some(w) if ["or", "definer", "aggregate"].iter().any(|k| w.eq_ignore_ascii_case(k)) => {
+            words[2..].iter().any(|w| program(w))
+        }
+        _ => false,
+    }
 }
 
 /// Whether `sql` may leave session state behind for the next request on this
@@ -272,6 +297,7 @@ mod tests {
             "begin;",
             "START TRANSACTION READ ONLY",
             "LOCK TABLES t WRITE",
+            "CREATE TABLE t (a INT); START TRANSACTION",
             "unlock tables",
             "set autocommit=0",
             "SET @@session.autocommit=0",
@@ -434,6 +460,10 @@ mod tests {
             "KILL CONNECTION_ID()",
             "SELECT 1; KILL 7",
             "/*!KILL 7 */",
+            "CREATE TEMPORARY TABLE t (a INT); KILL CONNECTION_ID()",
+            "create table t (event int); kill 7",
+            "ALTER TABLE t ADD c INT; KILL 7",
+            "CREATE VIEW v AS SELECT 1; KILL 7",
         ] {
             assert!(ends_sessions(sql), "{sql}");
         }
@@ -445,6 +475,11 @@ mod tests {
             "SELECT kill_count FROM t",
             "SELECT 1 -- ; KILL 7",
             "CREATE PROCEDURE p() BEGIN KILL 7; END",
+            "create or replace definer = admin@10.0.0.1 procedure p() begin kill 7; end",
+            "CREATE DEFINER=`a`@`%` TRIGGER tr BEFORE INSERT ON t FOR EACH ROW BEGIN KILL 7; END",
+            "CREATE AGGREGATE FUNCTION f(x INT) RETURNS INT BEGIN KILL 7; RETURN 1; END",
+            "CREATE EVENT e ON SCHEDULE EVERY 1 HOUR DO BEGIN KILL 7; END",
+            "ALTER EVENT e DO BEGIN KILL 7; END",
         ] {
             assert!(!ends_sessions(sql), "{sql}");
         }

@@ -1040,6 +1040,10 @@ async fn malformed_requests_keep_the_session() {
         ),
         ("KILL USER", Request::sql("KILL USER CURRENT_USER()")),
         (
+            "KILL after a CREATE in one text",
+            Request::sql("CREATE TEMPORARY TABLE t_k (a INT); KILL CONNECTION_ID()"),
+        ),
+        (
             "a Date with month 13",
             with_params("SELECT ?", vec![Value::date(2024, 13, 1, 0, 0, 0, 0)]),
         ),
