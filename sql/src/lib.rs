@@ -242,6 +242,10 @@ pub fn placeholders_depend_on_server(sql: &str) -> bool {
 /// server would then ask the client for a file of its own. Executable comments count
 /// as code, as everywhere here.
 pub fn loads_local_file(sql: &str) -> bool {
+    // Runs on every request: most hold no `local` at all, which needs no scan of the code.
+    if !contains_word_ignore_case(sql, b"local") {
+        return false;
+    }
     let code = code_text(sql);
     code.split(';').any(|statement| {
         let mut words = statement
@@ -259,6 +263,10 @@ pub fn loads_local_file(sql: &str) -> bool {
 /// sessions belong to one database user, who may kill any of them; `KILL [HARD|SOFT]
 /// QUERY ...` only stops a statement and is not counted.
 pub fn ends_sessions(sql: &str) -> bool {
+    // Runs on every request: most hold no `kill` at all, which needs no scan of the code.
+    if !contains_word_ignore_case(sql, b"kill") {
+        return false;
+    }
     let code = code_text(sql);
     let kills = top_level_statements(&code).any(|statement| {
         let mut words = statement
@@ -274,6 +282,15 @@ pub fn ends_sessions(sql: &str) -> bool {
         !next.eq_ignore_ascii_case("query")
     });
     kills
+}
+
+/// Whether `word` (lowercase ASCII) occurs in `sql` in any case, anywhere (quotes and
+/// comments included): `false` rules out the keyword in the code.
+fn contains_word_ignore_case(sql: &str, word: &[u8]) -> bool {
+    let first = word[0];
+    sql.as_bytes()
+        .windows(word.len())
+        .any(|w| w[0] | 0x20 == first && w.eq_ignore_ascii_case(word))
 }
 
 /// A single SELECT that `SET STATEMENT ... FOR` can wrap as is.
