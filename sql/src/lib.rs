@@ -218,7 +218,8 @@ pub fn touches_session_state(sql: &str) -> bool {
 
 /// How many `?` parameter markers `sql` holds in code (not in quotes, backticks or
 /// comments). The server counts the same way when it prepares a statement, so a
-/// request can be checked against its parameters before it reaches the driver.
+/// request can be checked against its parameters before it reaches the driver — except
+/// where [`placeholders_depend_on_server`].
 pub fn placeholders(sql: &str) -> usize {
     code_text(sql).bytes().filter(|&b| b == b'?').count()
 }
