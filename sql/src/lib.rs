@@ -141,12 +141,13 @@ pub fn code_text(sql: &str) -> String {
 }
 
 /// The code (see [`code_text`]) of each statement of `sql`, split at `;`.
-/// A CREATE/ALTER (procedure, trigger, event) carries its body, which is not
-/// run now: it is one statement, and left out.
+/// A CREATE/ALTER of a stored program (procedure, function, trigger, event, package)
+/// carries its body, which is not run now: it is one statement, and left out. Any other
+/// CREATE/ALTER (a table, a view, …) ends at its `;` like every statement.
 pub fn top_level_statements(code: &str) -> impl Iterator<Item = &str> {
     let first_word = |s: &str| s.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
     let whole = first_word(code);
-    let parts: Vec<&str> = if whole == "create" || whole == "alter" {
+    let parts: Vec<&str> = if (whole == "create" || whole == "alter") && defines_program(code) {
         vec![code]
     } else {
         code.split(';').collect()
@@ -155,6 +156,30 @@ pub fn top_level_statements(code: &str) -> impl Iterator<Item = &str> {
         let w = first_word(p);
         !(w == "create" || w == "alter")
     })
+}
+
+/// Whether `code` (starting with CREATE or ALTER) defines a stored program:
+/// `CREATE [OR REPLACE] [DEFINER = user] [AGGREGATE] PROCEDURE|FUNCTION|TRIGGER|EVENT|PACKAGE`.
+/// The user may be several words (`u@10.0.0.1`), so the keyword is looked for among the
+/// first words once the second is one that only a program's CREATE has there.
+fn defines_program(code: &str) -> bool {
+    let program = |w: &str| {
+        ["procedure", "function", "trigger", "event", "package"]
+            .iter()
+            .any(|k| w.eq_ignore_ascii_case(k))
+    };
+    let words: Vec<&str> = code
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .take(12)
+        .collect();
+    match words.get(1) {
+        Some(w) if program(w) => true,
+        Some(w) if ["or", "definer", "aggregate"].iter().any(|k| w.eq_ignore_ascii_case(k)) => {
+            words[2..].iter().any(|w| program(w))
+        }
+        _ => false,
+    }
 }
 
 /// Whether `sql` may leave session state behind for the next request on this
@@ -193,15 +218,35 @@ pub fn touches_session_state(sql: &str) -> bool {
 
 /// How many `?` parameter markers `sql` holds in code (not in quotes, backticks or
 /// comments). The server counts the same way when it prepares a statement, so a
-/// request can be checked against its parameters before it reaches the driver.
+/// request can be checked against its parameters before it reaches the driver — except
+/// where [`placeholders_depend_on_server`].
 pub fn placeholders(sql: &str) -> usize {
     code_text(sql).bytes().filter(|&b| b == b'?').count()
+}
+
+/// Whether the server may count the `?` markers of `sql` differently from
+/// [`placeholders`]: the text holds a versioned executable comment (`/*!NNNNN`, which a
+/// server older than NNNNN skips, or `/*M!`, which MySQL skips), or a backslash (under
+/// `NO_BACKSLASH_ESCAPES` it does not escape: `'C:\'` ends there). Looked for anywhere in
+/// the text, quotes included: a false `true` only leaves the count to the server.
+pub fn placeholders_depend_on_server(sql: &str) -> bool {
+    let b = sql.as_bytes();
+    b.contains(&b'\\')
+        || b.windows(4).any(|w| {
+            w[0] == b'/'
+                && w[1] == b'*'
+                && ((w[2] == b'!' && w[3].is_ascii_digit()) || (w[2] | 0x20 == b'm' && w[3] == b'!'))
+        })
 }
 
 /// Whether a top-level statement of `sql` is `LOAD DATA|XML ... LOCAL INFILE`: the
 /// server would then ask the client for a file of its own. Executable comments count
 /// as code, as everywhere here.
 pub fn loads_local_file(sql: &str) -> bool {
+    // Runs on every request: most hold no `local` at all, which needs no scan of the code.
+    if !contains_word_ignore_case(sql, b"local") {
+        return false;
+    }
     let code = code_text(sql);
     code.split(';').any(|statement| {
         let mut words = statement
@@ -219,6 +264,10 @@ pub fn loads_local_file(sql: &str) -> bool {
 /// sessions belong to one database user, who may kill any of them; `KILL [HARD|SOFT]
 /// QUERY ...` only stops a statement and is not counted.
 pub fn ends_sessions(sql: &str) -> bool {
+    // Runs on every request: most hold no `kill` at all, which needs no scan of the code.
+    if !contains_word_ignore_case(sql, b"kill") {
+        return false;
+    }
     let code = code_text(sql);
     let kills = top_level_statements(&code).any(|statement| {
         let mut words = statement
@@ -234,6 +283,15 @@ pub fn ends_sessions(sql: &str) -> bool {
         !next.eq_ignore_ascii_case("query")
     });
     kills
+}
+
+/// Whether `word` (lowercase ASCII) occurs in `sql` in any case, anywhere (quotes and
+/// comments included): `false` rules out the keyword in the code.
+fn contains_word_ignore_case(sql: &str, word: &[u8]) -> bool {
+    let first = word[0];
+    sql.as_bytes()
+        .windows(word.len())
+        .any(|w| w[0] | 0x20 == first && w.eq_ignore_ascii_case(word))
 }
 
 /// A single SELECT that `SET STATEMENT ... FOR` can wrap as is.
@@ -257,6 +315,7 @@ mod tests {
             "begin;",
             "START TRANSACTION READ ONLY",
             "LOCK TABLES t WRITE",
+            "CREATE TABLE t (a INT); START TRANSACTION",
             "unlock tables",
             "set autocommit=0",
             "SET @@session.autocommit=0",
@@ -364,6 +423,28 @@ mod tests {
     }
 
     #[test]
+    fn placeholder_counts_the_server_decides() {
+        for sql in [
+            "SELECT ? /*!99999 , ? */",
+            "SELECT /*!50700 ? */ 1",
+            "SELECT /*M!100500 ? */ 1",
+            "SELECT /*m! ? */ 1",
+            "SELECT 'C:\\', ?",
+            "SELECT ? FROM t WHERE p LIKE 'a\\_b'",
+        ] {
+            assert!(placeholders_depend_on_server(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT ?",
+            "SELECT /*! ? */ 1",
+            "SELECT /* 1 */ ?, '/*'",
+            "SELECT '?', `?`",
+        ] {
+            assert!(!placeholders_depend_on_server(sql), "{sql}");
+        }
+    }
+
+    #[test]
     fn local_infile() {
         for sql in [
             "LOAD DATA LOCAL INFILE '/etc/passwd' INTO TABLE t",
@@ -397,6 +478,10 @@ mod tests {
             "KILL CONNECTION_ID()",
             "SELECT 1; KILL 7",
             "/*!KILL 7 */",
+            "CREATE TEMPORARY TABLE t (a INT); KILL CONNECTION_ID()",
+            "create table t (event int); kill 7",
+            "ALTER TABLE t ADD c INT; KILL 7",
+            "CREATE VIEW v AS SELECT 1; KILL 7",
         ] {
             assert!(ends_sessions(sql), "{sql}");
         }
@@ -408,6 +493,11 @@ mod tests {
             "SELECT kill_count FROM t",
             "SELECT 1 -- ; KILL 7",
             "CREATE PROCEDURE p() BEGIN KILL 7; END",
+            "create or replace definer = admin@10.0.0.1 procedure p() begin kill 7; end",
+            "CREATE DEFINER=`a`@`%` TRIGGER tr BEFORE INSERT ON t FOR EACH ROW BEGIN KILL 7; END",
+            "CREATE AGGREGATE FUNCTION f(x INT) RETURNS INT BEGIN KILL 7; RETURN 1; END",
+            "CREATE EVENT e ON SCHEDULE EVERY 1 HOUR DO BEGIN KILL 7; END",
+            "ALTER EVENT e DO BEGIN KILL 7; END",
         ] {
             assert!(!ends_sessions(sql), "{sql}");
         }

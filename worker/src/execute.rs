@@ -20,7 +20,8 @@ use crate::convert::{self, ColumnKind};
 use crate::link::{LinkGone, LinkOut};
 use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
 use osprey_sql::{
-    controls_session, ends_sessions, is_plain_select, loads_local_file, placeholders, touches_session_state,
+    controls_session, ends_sessions, is_plain_select, loads_local_file, placeholders, placeholders_depend_on_server,
+    touches_session_state,
 };
 
 /// Room left in a frame for everything around the row values.
@@ -427,8 +428,8 @@ async fn run_statement(
     } else {
         // The server's own count of markers (the statement is cached, so this costs a
         // round trip only the first time): the driver would close the session on a
-        // mismatch. It differs from `preflight`'s count only where the server reads the
-        // text differently (a `/*!NNNNN` comment for a newer version, NO_BACKSLASH_ESCAPES).
+        // mismatch. `preflight` leaves the count to this check where the server may read
+        // the text differently (a `/*!NNNNN` comment for a newer version, NO_BACKSLASH_ESCAPES).
         let stmt = conn.prep(sql).await?;
         if usize::from(stmt.num_params()) != params.len() {
             return Err(ExecError::Refused(format!(
@@ -465,8 +466,11 @@ fn preflight(sql: &str, params: &[Value], max_packet: usize) -> Result<(), Strin
                 .into(),
         );
     }
+    // Only where the text alone decides the count: otherwise the server's own count does
+    // (the prepared statement's, checked in `run_statement`; without params the text goes
+    // as it is, and a `?` the server does see is its syntax error, which keeps the session).
     let markers = placeholders(sql);
-    if markers != params.len() {
+    if markers != params.len() && !placeholders_depend_on_server(sql) {
         return Err(format!(
             "the statement has {markers} parameter markers (?) but {} parameters were sent",
             params.len()

@@ -1042,6 +1042,10 @@ async fn malformed_requests_keep_the_session() {
         ),
         ("KILL USER", Request::sql("KILL USER CURRENT_USER()")),
         (
+            "KILL after a CREATE in one text",
+            Request::sql("CREATE TEMPORARY TABLE t_k (a INT); KILL CONNECTION_ID()"),
+        ),
+        (
             "a Date with month 13",
             with_params("SELECT ?", vec![Value::date(2024, 13, 1, 0, 0, 0, 0)]),
         ),
@@ -1161,6 +1165,49 @@ async fn malformed_requests_keep_the_session() {
     assert!(w.child.try_wait().unwrap().is_none(), "the worker exited");
     let r = w.ok(next(), &with_params("SELECT ? + 1", vec![int(41)])).await;
     assert_eq!(r.rows[0], vec![vec![Value::Int(42)]]);
+}
+
+/// Where the server counts `?` markers differently from the text scan (a versioned comment
+/// an older server skips, a backslash under NO_BACKSLASH_ESCAPES), its count decides: the
+/// statements are served, not refused by the scan's count.
+#[tokio::test]
+async fn markers_the_server_counts_itself_are_not_refused() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+    let one = Value::Int(1);
+    let r = w
+        .ok(1, &with_params("SELECT ? /*!99999 , ? */", vec![one.clone()]))
+        .await;
+    assert_eq!(r.rows[0], vec![vec![one.clone()]]);
+    let r = w.ok(2, &Request::sql("SELECT 1 /*!99999 , ? */")).await;
+    assert_eq!(r.rows[0], vec![vec![one.clone()]]);
+    // The server's count still refuses a real mismatch, before anything runs.
+    let r = w
+        .request(
+            3,
+            &with_params("SELECT ? /*!99999 , ? */", vec![one.clone(), one.clone()]),
+        )
+        .await;
+    assert_refused(&r, false, "two params, one marker the server sees");
+    assert_eq!(connection_id(&mut w, 4).await, u64::from(ready.db_connection_id));
+
+    let sandbox = Sandbox::builder()
+        .server_arg("--sql-mode=NO_BACKSLASH_ESCAPES")
+        .start()
+        .await
+        .unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+    let r = w.ok(1, &with_params("SELECT 'C:\\', ?", vec![one.clone()])).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Text("C:\\".into()), one.clone()]]);
+    let r = w.ok(2, &Request::sql("SELECT 'a\\', '?'")).await;
+    assert_eq!(
+        r.rows[0],
+        vec![vec![Value::Text("a\\".into()), Value::Text("?".into())]]
+    );
+    let r = w.request(3, &with_params("SELECT 'C:\\', ?", vec![])).await;
+    let e = r.error.expect("a marker without its parameter");
+    assert_eq!((e.origin, e.errno), (Origin::Database, Some(1064)), "{e:?}");
+    assert_eq!(connection_id(&mut w, 4).await, u64::from(ready.db_connection_id));
 }
 
 /// Size of the statement text whose reading the first KILL QUERY overlaps (4 MB was not
