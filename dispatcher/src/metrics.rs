@@ -30,6 +30,7 @@ pub struct Metrics {
     pub recycles: Counter,
     pub fatal_exits: Counter,
     pub worker_kills: Counter,
+    pub cancel_overruns: Counter,
     pub bytes_to_clients: Counter,
     pub bytes_from_clients: Counter,
     pub client_connections: Gauge,
@@ -57,6 +58,7 @@ impl Metrics {
         let recycles = Counter::default();
         let fatal_exits = Counter::default();
         let worker_kills = Counter::default();
+        let cancel_overruns = Counter::default();
         let bytes_to_clients = Counter::default();
         let bytes_from_clients = Counter::default();
         let client_connections = Gauge::default();
@@ -101,6 +103,11 @@ impl Metrics {
             worker_kills.clone(),
         );
         registry.register(
+            "cancel_overruns",
+            "Cancelled statements still running at cancel_grace_ms (stream answered, worker kept until they ended)",
+            cancel_overruns.clone(),
+        );
+        registry.register(
             "bytes_to_clients",
             "Payload bytes relayed to clients",
             bytes_to_clients.clone(),
@@ -133,6 +140,7 @@ impl Metrics {
             recycles,
             fatal_exits,
             worker_kills,
+            cancel_overruns,
             bytes_to_clients,
             bytes_from_clients,
             client_connections,
