@@ -182,8 +182,8 @@ async fn early_cancels(
 /// not have started on the server, where a `KILL QUERY` is lost — all end with CANCELLED
 /// well within `cancel_grace_ms`, and no worker is killed or replaced. One connection:
 /// with several `SLEEP`s being killed at once MariaDB 10.11 itself can hold a killed
-/// `SLEEP` for seconds (processlist `Killed / Executing`, all sessions' `SLEEP`s with it;
-/// they share one server mutex), which no client-side retry can shorten.
+/// `SLEEP` for ~2 s (processlist `Killed / Executing`; they share one server mutex), which
+/// no client-side retry can shorten: [`concurrent_early_cancels_kill_no_worker`] covers that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn early_cancels_kill_no_worker() {
     let _serial = serial().await;
