@@ -40,6 +40,7 @@ pub struct Metrics {
     pub recycles: Counter,
     pub fatal_exits: Counter,
     pub worker_kills: Counter,
+    pub cancel_overruns: Counter,
     pub bytes_to_clients: Counter,
     pub bytes_from_clients: Counter,
     pub client_connections: Gauge,
@@ -73,6 +74,7 @@ impl Metrics {
         let recycles = Counter::default();
         let fatal_exits = Counter::default();
         let worker_kills = Counter::default();
+        let cancel_overruns = Counter::default();
         let bytes_to_clients = Counter::default();
         let bytes_from_clients = Counter::default();
         let client_connections = Gauge::default();
@@ -119,6 +121,11 @@ impl Metrics {
             "worker_kills",
             "Workers killed by the dispatcher (timeouts, lost links)",
             worker_kills.clone(),
+        );
+        registry.register(
+            "cancel_overruns",
+            "Cancelled statements still running at cancel_grace_ms (stream answered, worker kept until they ended)",
+            cancel_overruns.clone(),
         );
         registry.register(
             "bytes_to_clients",
@@ -179,6 +186,7 @@ impl Metrics {
             recycles,
             fatal_exits,
             worker_kills,
+            cancel_overruns,
             bytes_to_clients,
             bytes_from_clients,
             client_connections,

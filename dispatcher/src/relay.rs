@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout, Instant as TokioInstant, Interval};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::ctx::Ctx;
 use crate::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
@@ -37,6 +37,10 @@ const WORKER_FATAL: &str = "worker reported a fatal database error";
 /// responses on any other id are a broken worker.
 const WORKER_STREAM: u32 = 1;
 
+/// A cancelled statement still running this many `cancel_grace_ms` after its CANCEL gets
+/// its worker killed, however alive the worker is (see [`Draining`]).
+pub const CANCEL_HARD_GRACES: u32 = 5;
+
 /// The request on the worker.
 struct Current {
     guard: StreamGuard,
@@ -44,6 +48,8 @@ struct Current {
     received: Instant,
     queue_time: Duration,
     deadline: TokioInstant,
+    /// The request's own deadline (`deadline` moves earlier at a CANCEL).
+    limit: TokioInstant,
     cancel_sent: bool,
     client_alive: bool,
     errored: bool,
@@ -54,6 +60,27 @@ struct Current {
     stalled: bool,
     /// A data frame was withheld (after a CANCEL): the result cannot end as a success.
     data_dropped: bool,
+}
+
+/// A cancelled request whose statement was still running at `cancel_grace_ms`. MariaDB may
+/// hold a killed statement for up to 2 s (`Killed / Executing`): its KILL, holding the
+/// victim's mutex, retries for that long to take the mutex the victim waits on, which the
+/// victim holds while it waits for its own — seen with several `SLEEP`s (one server mutex)
+/// killed at once. Killing the worker then would cost a process for a statement the server
+/// ends a moment later, while the worker keeps repeating `KILL QUERY`. So the client's stream is
+/// answered (ERROR CANCELLED + END) and the worker stays busy, its frames dropped, until its
+/// END. It is killed if it leaves a PING unanswered for `cancel_grace_ms` (it hangs), or if
+/// the statement outlives [`CANCEL_HARD_GRACES`] graces after the CANCEL or the request's
+/// own deadline.
+struct Draining {
+    conn: u64,
+    stream: u32,
+    /// When the stream was answered (for the log).
+    answered: TokioInstant,
+    hard: TokioInstant,
+    /// When the last PING went out: a frame from the worker after it shows it alive.
+    probed: TokioInstant,
+    fatal: bool,
 }
 
 /// Why waiting to hand a data frame on ended without it (the frame is dropped; the
@@ -112,7 +139,8 @@ impl Relay {
     /// the pool here, and no job is left behind.
     pub async fn run(mut self) {
         let mut current = None;
-        let Err(why) = self.serve(&mut current).await;
+        let mut drain = None;
+        let Err(why) = self.serve(&mut current, &mut drain).await;
         debug!("worker link ended: {why}");
         let ctx = self.ctx.clone();
         let exiting = why == WORKER_CLOSED || why == WORKER_FATAL;
@@ -130,6 +158,14 @@ impl Relay {
             };
             tokio::spawn(cur.guard.fail(body));
         }
+        if let Some(dr) = drain {
+            // Its stream was answered at cancel_grace_ms; nothing is owed to anyone.
+            debug!(
+                conn = dr.conn,
+                stream = dr.stream,
+                "link ended while a cancelled statement drained"
+            );
+        }
         // After link_lost nobody sends us jobs; whatever reached the channel
         // never reached the worker: another worker gets it.
         self.jobs.close();
@@ -139,14 +175,24 @@ impl Relay {
     }
 
     /// Serves until the link must end; the error says why.
-    async fn serve(&mut self, current: &mut Option<Current>) -> Result<Infallible, &'static str> {
+    async fn serve(
+        &mut self,
+        current: &mut Option<Current>,
+        drain: &mut Option<Draining>,
+    ) -> Result<Infallible, &'static str> {
         let ctx = self.ctx.clone();
         let mut quit_sent = false;
         let far = TokioInstant::now() + Duration::from_secs(86_400 * 365);
         let never = CancellationToken::new();
+        let grace = self.grace();
         loop {
-            let busy = current.is_some();
-            let deadline = current.as_ref().map_or(far, |c| c.deadline);
+            let busy = current.is_some() || drain.is_some();
+            let deadline = match (&*current, &*drain) {
+                (Some(c), _) => c.deadline,
+                (None, Some(d)) => d.hard,
+                (None, None) => far,
+            };
+            let probe_due = drain.as_ref().map_or(far, |d| later(d.probed, grace));
             let cancel = current
                 .as_ref()
                 .filter(|c| !c.cancel_sent)
@@ -156,10 +202,22 @@ impl Relay {
             tokio::select! {
                 biased;
                 _ = sleep_until(deadline), if busy => {
+                    if let Some(dr) = drain.take() {
+                        warn!(
+                            slot = self.slot, conn = dr.conn, stream = dr.stream,
+                            "cancelled statement still running at its hard bound; killing the worker"
+                        );
+                        ctx.pool.kill(self.slot, self.generation, "cancelled statement did not end");
+                        return Err("cancelled statement did not end");
+                    }
                     let cur = current.take().expect("busy");
+                    if cur.cancel_sent && TokioInstant::now() < cur.limit {
+                        *drain = Some(self.overrun(cur).await?);
+                        continue;
+                    }
                     ctx.metrics.outcome(if cur.stalled { "slow_consumer" } else { "timeout" });
                     let (code, msg) = if cur.cancel_sent {
-                        (ErrorCode::Cancelled, "the worker did not stop after CANCEL; it was killed")
+                        (ErrorCode::Cancelled, "cancelled, and the request's deadline passed; the worker was killed")
                     } else {
                         (ErrorCode::RequestTimeout, "request_timeout passed; the worker was killed")
                     };
@@ -169,9 +227,12 @@ impl Relay {
                     return Err("request timeout");
                 }
                 _ = ctx.abort.cancelled(), if busy => {
-                    let cur = current.take().expect("busy");
-                    ctx.metrics.outcome("shutting_down");
                     ctx.pool.kill(self.slot, self.generation, "dispatcher shutdown");
+                    let Some(cur) = current.take() else {
+                        // Draining: its stream was answered already.
+                        return Err("dispatcher shutdown");
+                    };
+                    ctx.metrics.outcome("shutting_down");
                     tokio::spawn(cur.guard.fail(ErrorBody::undispatched(
                         Origin::Dispatcher,
                         ErrorCode::ShuttingDown,
@@ -179,7 +240,7 @@ impl Relay {
                     )));
                     return Err("dispatcher shutdown");
                 }
-                _ = cancel.cancelled(), if busy => {
+                _ = cancel.cancelled(), if current.is_some() => {
                     let cur = current.as_mut().expect("busy");
                     self.send_cancel(cur).await?;
                 }
@@ -201,6 +262,11 @@ impl Relay {
                     };
                     self.last_rx = TokioInstant::now();
                     match frame.kind {
+                        Kind::Columns | Kind::Rows if drain.is_some() => {
+                            if frame.stream != WORKER_STREAM {
+                                return Err("response frame on the wrong stream");
+                            }
+                        }
                         Kind::Columns | Kind::Rows => {
                             let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
                             if frame.stream != WORKER_STREAM {
@@ -213,15 +279,21 @@ impl Relay {
                                 self.forward_data(cur, frame).await?;
                             }
                         }
+                        Kind::Error if drain.is_some() => {
+                            if frame.stream != WORKER_STREAM {
+                                return Err("response frame on the wrong stream");
+                            }
+                            if let Some(dr) = drain.as_mut() {
+                                dr.fatal |= is_fatal(&frame);
+                            }
+                        }
                         Kind::Error => {
                             let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
                             if frame.stream != WORKER_STREAM {
                                 return Err("response frame on the wrong stream");
                             }
                             cur.errored = true;
-                            cur.fatal |= frame
-                                .body::<ErrorBody>()
-                                .is_ok_and(|e| e.code == ErrorCode::DatabaseFatal);
+                            cur.fatal |= is_fatal(&frame);
                             if cur.client_alive && !cur.stalled && !self.forward(&mut cur.guard, frame).await? {
                                 // The client is gone: stop the statement, keep draining to END.
                                 cur.client_alive = false;
@@ -232,9 +304,20 @@ impl Relay {
                             if frame.stream != WORKER_STREAM {
                                 return Err("response frame on the wrong stream");
                             }
-                            let Some(cur) = current.take() else { return Err("response frame without a request") };
-                            if self.finish(cur, frame).await? {
-                                return Err(WORKER_FATAL);
+                            if let Some(dr) = drain.take() {
+                                info!(
+                                    slot = self.slot, conn = dr.conn, stream = dr.stream,
+                                    after_ms = dr.answered.elapsed().as_millis() as u64,
+                                    "cancelled statement ended after its stream was answered; the worker is free"
+                                );
+                                if dr.fatal {
+                                    return Err(WORKER_FATAL);
+                                }
+                            } else {
+                                let Some(cur) = current.take() else { return Err("response frame without a request") };
+                                if self.finish(cur, frame).await? {
+                                    return Err(WORKER_FATAL);
+                                }
                             }
                             quit_sent |= self.advance(current, true).await?;
                         }
@@ -253,6 +336,20 @@ impl Relay {
                         }
                         _ => return Err("unexpected frame kind from worker"),
                     }
+                }
+                // After the worker's frames: a PONG already in the socket counts.
+                _ = sleep_until(probe_due), if drain.is_some() => {
+                    let dr = drain.as_mut().expect("draining");
+                    if self.last_rx < dr.probed {
+                        warn!(
+                            slot = self.slot, conn = dr.conn, stream = dr.stream,
+                            "worker answered no PING within cancel_grace_ms while its cancelled statement drained; killing it"
+                        );
+                        ctx.pool.kill(self.slot, self.generation, "worker hung after CANCEL");
+                        return Err("worker hung after CANCEL");
+                    }
+                    self.ping().await?;
+                    dr.probed = TokioInstant::now();
                 }
                 job = self.jobs.recv(), if !busy => {
                     let Some(job) = job else { return Err("pool dropped the link") };
@@ -333,6 +430,7 @@ impl Relay {
             received: job.received,
             queue_time,
             deadline,
+            limit: deadline,
             cancel_sent: false,
             client_alive: true,
             errored: false,
@@ -537,6 +635,52 @@ impl Relay {
         }
     }
 
+    fn grace(&self) -> Duration {
+        Duration::from_millis(self.ctx.config.timeouts.cancel_grace_ms)
+    }
+
+    /// `cancel_grace_ms` passed since the CANCEL and the statement still runs: the client's
+    /// stream ends now, the worker drains (see [`Draining`]), probed by a PING at once.
+    async fn overrun(&mut self, cur: Current) -> Result<Draining, &'static str> {
+        let ctx = &self.ctx;
+        let (conn, stream) = (cur.guard.shared().id, cur.guard.stream());
+        ctx.metrics.cancel_overruns.inc();
+        ctx.metrics.latency.observe(cur.received.elapsed().as_secs_f64());
+        ctx.metrics
+            .outcome(if cur.stalled { "slow_consumer" } else { "cancelled" });
+        warn!(
+            slot = self.slot,
+            conn,
+            stream,
+            "statement still running cancel_grace_ms after CANCEL; stream answered, worker kept busy until it ends"
+        );
+        let body = ErrorBody {
+            dispatched: true,
+            ..ErrorBody::undispatched(
+                Origin::Dispatcher,
+                ErrorCode::Cancelled,
+                "cancelled; the statement had not stopped within cancel_grace_ms",
+            )
+        };
+        // Spawned, as on every path that answers without the worker: a client with a full
+        // queue must not hold up the worker's link.
+        tokio::spawn(cur.guard.fail(body));
+        // The CANCEL went out one grace ago; the bound counts from it.
+        let hard = cur.limit.min(later(
+            TokioInstant::now(),
+            self.grace().saturating_mul(CANCEL_HARD_GRACES - 1),
+        ));
+        self.ping().await?;
+        Ok(Draining {
+            conn,
+            stream,
+            answered: TokioInstant::now(),
+            hard,
+            probed: TokioInstant::now(),
+            fatal: cur.fatal,
+        })
+    }
+
     async fn ping(&mut self) -> Result<(), &'static str> {
         self.nonce += 1;
         let ping = Ping { nonce: self.nonce };
@@ -548,8 +692,7 @@ impl Relay {
             return Ok(());
         }
         cur.cancel_sent = true;
-        let grace = TokioInstant::now() + Duration::from_millis(self.ctx.config.timeouts.cancel_grace_ms);
-        cur.deadline = cur.deadline.min(grace);
+        cur.deadline = cur.deadline.min(later(TokioInstant::now(), self.grace()));
         let cancel = Cancel {
             reason: "client".into(),
         };
@@ -598,6 +741,19 @@ fn give_back(ctx: &Ctx, mut job: Job) {
     if let Some((job, outcome, code, msg)) = failed {
         fail_later(vec![job], ctx.metrics.clone(), outcome, code, msg);
     }
+}
+
+/// `at + d`, or a year on for a `d` beyond any clock (a configured timeout may be huge).
+fn later(at: TokioInstant, d: Duration) -> TokioInstant {
+    at.checked_add(d)
+        .unwrap_or_else(|| at + Duration::from_secs(86_400 * 365))
+}
+
+/// Whether an ERROR frame from the worker says its session is gone (it exits next).
+fn is_fatal(frame: &Frame) -> bool {
+    frame
+        .body::<ErrorBody>()
+        .is_ok_and(|e| e.code == ErrorCode::DatabaseFatal)
 }
 
 /// Fills in the time the request waited for a worker.
