@@ -22,7 +22,7 @@ use crate::ctx::Ctx;
 use crate::job::Job;
 use crate::pool::SubmitError;
 use crate::streams::{outbox, ClientShared, Inbox, OpenError};
-use crate::tls::{ClientRead, ClientWrite, ServerTls};
+use crate::tls::{ClientRead, ClientWrite, Progress, ServerTls};
 
 type Reader = FramedRead<ClientRead, FrameCodec>;
 type Writer = FramedWrite<ClientWrite, FrameCodec>;
@@ -50,14 +50,30 @@ impl From<ProtocolError> for WriteFailed {
     }
 }
 
-/// `work` within `limit`. Most steps are ready at once (room in the buffer, the socket
-/// takes the bytes): those arm no timer.
-async fn within<T>(limit: Duration, work: impl std::future::Future<Output = T>) -> Result<T, WriteFailed> {
+/// `work`, unless the client's socket takes none of our bytes for `limit` meanwhile
+/// (counted from the last write that took some, so a frame larger than what the client
+/// can take within `limit` still goes out to a client that keeps reading). Most steps
+/// are ready at once (room in the buffer, the socket takes the bytes): those arm no timer.
+async fn within<T>(
+    limit: Duration,
+    progress: &Progress,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, WriteFailed> {
     tokio::pin!(work);
     if let std::task::Poll::Ready(v) = futures::poll!(&mut work) {
         return Ok(v);
     }
-    Ok(timeout(limit, work).await?)
+    // A step that waits starts its count now, even if the socket last took bytes long ago.
+    let started = Instant::now();
+    loop {
+        let deadline = progress.last().max(started) + limit;
+        if deadline <= Instant::now() {
+            return Err(WriteFailed);
+        }
+        if let Ok(v) = tokio::time::timeout_at(deadline, &mut work).await {
+            return Ok(v);
+        }
+    }
 }
 
 /// Largest per-stream flow-control window granted (data frames); a client asking for more
@@ -494,25 +510,26 @@ async fn open_stream(
 /// back after a flush, so that an idle connection does not keep a 16 MiB buffer.
 const WRITE_BUFFER_KEEP: usize = 64 * 1024;
 
-/// Writes the client's queue to its socket. `limit` bounds each step (one frame into
-/// the buffer, which writes out what is already there; the final flush), not the whole
-/// batch: a client that keeps taking bytes is never cut off, however long a result it is
-/// being sent; one that takes nothing for `limit` is.
+/// Writes the client's queue to its socket. `limit` bounds the time without progress
+/// (see [`within`]), not a step or the whole batch: a client that keeps taking bytes is
+/// never cut off, however long a result or a frame it is being sent; one that takes
+/// nothing for `limit` is.
 ///
 /// A frame's share of the queue's byte budget is given back once the frame is out of
 /// the writer's buffer: feeding the next one writes out everything but a few KiB of the
 /// previous ones (the codec's backpressure boundary), and the flush the rest.
 async fn write_loop(mut writer: Writer, mut rx: Inbox, limit: Duration, failed: CancellationToken) {
+    let progress = writer.get_ref().progress();
     while let Some(first) = rx.recv().await {
         let ok = async {
             let mut held = first.bytes;
-            within(limit, writer.feed(first.frame)).await??;
+            within(limit, &progress, writer.feed(first.frame)).await??;
             // Coalesce whatever else is queued into the same write.
             while let Some(next) = rx.try_recv() {
-                within(limit, writer.feed(next.frame)).await??;
+                within(limit, &progress, writer.feed(next.frame)).await??;
                 held = next.bytes;
             }
-            within(limit, SinkExt::<Frame>::flush(&mut writer)).await??;
+            within(limit, &progress, SinkExt::<Frame>::flush(&mut writer)).await??;
             drop(held);
             Ok::<(), WriteFailed>(())
         }
@@ -527,5 +544,58 @@ async fn write_loop(mut writer: Writer, mut rx: Inbox, limit: Duration, failed: 
         if writer.write_buffer().capacity() > WRITE_BUFFER_KEEP {
             *writer.write_buffer_mut() = bytes::BytesMut::new();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// Review finding (write timeout). A client that keeps reading is not cut off while
+    /// one frame larger than it can take within client_write_timeout goes out to it: the
+    /// timeout once bounded each write step (a frame fed, the final flush), and the flush
+    /// of an 8 MiB frame to a client reading ~2.5 MB/s took longer than 1 s.
+    #[tokio::test]
+    async fn a_big_frame_to_a_client_that_keeps_reading_is_not_cut_off() {
+        const LEN: usize = 8 << 20;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        // A small receive window: little of the frame fits in the kernel's buffers.
+        socket.set_recv_buffer_size(128 * 1024).unwrap();
+        let mut client = socket.connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let (_rd, wr) = server.into_split();
+        let writer = FramedWrite::new(ClientWrite::plain(wr), FrameCodec::new(16 << 20));
+        let (out, inbox) = outbox(16, 32 << 20);
+        let failed = CancellationToken::new();
+        let writer_task = tokio::spawn(write_loop(writer, inbox, Duration::from_millis(1000), failed.clone()));
+        let frame = Frame {
+            kind: Kind::Rows,
+            flags: 0,
+            stream: 1,
+            payload: bytes::Bytes::from(vec![7u8; LEN]),
+        };
+        assert!(out.send(frame).await);
+        drop(out);
+        let t0 = Instant::now();
+        let mut got = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match client.read(&mut buf).await.unwrap() {
+                0 => break,
+                n => got += n,
+            }
+            // ~2.5 MB/s: the frame takes over 3 s, three times the write timeout.
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let took = t0.elapsed();
+        writer_task.await.unwrap();
+        assert!(!failed.is_cancelled(), "cut off after {took:?} and {got} bytes");
+        assert_eq!(got, osprey_protocol::HEADER_LEN + LEN);
+        assert!(
+            took > Duration::from_millis(1500),
+            "read in {took:?}: too fast to show anything"
+        );
     }
 }

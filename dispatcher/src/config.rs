@@ -379,6 +379,14 @@ impl Config {
             if b.ssl_ca.is_some() && !verifies {
                 return bad("backend.ssl_ca is only used with ssl_mode verify_ca or verify_identity");
             }
+            // Without its own CA, verify_ca would take any certificate a public CA issued,
+            // for any name: anyone can get one, so it would not stop a man in the middle.
+            // (MySQL's client refuses VERIFY_CA without --ssl-ca too.)
+            if b.ssl_mode == SslMode::VerifyCa && b.ssl_ca.is_none() {
+                return bad(
+                    "backend.ssl_mode verify_ca needs backend.ssl_ca (the CA the database's certificate must chain to)",
+                );
+            }
             if b.ssl_server_name.is_some() && b.ssl_mode != SslMode::VerifyIdentity {
                 return bad("backend.ssl_server_name is only used with ssl_mode verify_identity");
             }
@@ -471,6 +479,23 @@ mod tests {
         assert_eq!(c.backend.as_ref().unwrap().ssl_mode, SslMode::VerifyIdentity);
         let c: Config = toml::from_str(&format!("{base}ssl_mode = \"required\"\nssl_ca = \"/etc/hosts\"\n")).unwrap();
         assert!(c.validate().is_err(), "a CA that no mode uses is refused");
+    }
+
+    /// Review finding (backend TLS). `verify_ca` without `ssl_ca` trusted the public web
+    /// roots and checked no name, so any publicly issued certificate passed.
+    #[test]
+    fn verify_ca_needs_its_own_ca() {
+        let base = "[backend]\nhost = \"db\"\nuser = \"app\"\nssl_mode = \"verify_ca\"\n";
+        let c: Config = toml::from_str(base).unwrap();
+        assert!(
+            c.validate().is_err(),
+            "verify_ca with the public roots and no name check is refused"
+        );
+        let c: Config = toml::from_str(&format!("{base}ssl_ca = \"/etc/hosts\"\n")).unwrap();
+        c.validate().unwrap();
+        let c: Config =
+            toml::from_str("[backend]\nhost = \"db\"\nuser = \"app\"\nssl_mode = \"verify_identity\"\n").unwrap();
+        c.validate().unwrap();
     }
 
     #[test]

@@ -286,6 +286,10 @@ async fn signals(
         error!("cannot install signal handlers");
         return;
     };
+    // The pool size of the file as last read: a SIGHUP applies the file's size only when
+    // it changed, so that a reload for another reason (a certificate rotation) leaves a
+    // pool resized through the admin API, or grown by the elastic loop, as it is.
+    let mut file_size = ctx.config.initial_pool_size();
     loop {
         tokio::select! {
             _ = term.recv() => stop_signal(&ctx, "SIGTERM"),
@@ -294,7 +298,7 @@ async fn signals(
                 warn!("SIGQUIT: fast shutdown");
                 abort(&ctx);
             }
-            _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref(), &fds, tls.as_deref()),
+            _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref(), &fds, tls.as_deref(), &mut file_size),
         }
     }
 }
@@ -318,14 +322,16 @@ fn abort(ctx: &Ctx) {
     ctx.abort.cancel();
 }
 
-/// SIGHUP: re-read the config file, apply the pool size and load the TLS files again.
-/// A file whose client cap or pool would eat the file-descriptor reserve is refused whole.
+/// SIGHUP: re-read the config file, apply the pool size if it changed since `file_size`
+/// was read, and load the TLS files again. A file whose client cap or pool would eat the
+/// file-descriptor reserve is refused whole.
 fn reload(
     ctx: &Ctx,
     supervisor: &Arc<Supervisor>,
     path: Option<&std::path::Path>,
     fds: &FdBudget,
     tls: Option<&ServerTls>,
+    file_size: &mut usize,
 ) {
     let Some(path) = path else {
         // (TLS is configured only in a file, so there is no certificate to reload either.)
@@ -342,10 +348,11 @@ fn reload(
             if new.pool.min.is_some() != ctx.config.pool.min.is_some() {
                 warn!("SIGHUP: switching between fixed and elastic pool needs a restart");
             }
-            if size != ctx.pool.target_size() {
+            if size != *file_size && size != ctx.pool.target_size() {
                 info!(size, "SIGHUP: resizing pool");
                 supervisor.resize(size);
             }
+            *file_size = size;
             ctx.pool.set_limits(new.queue_limits());
             match (tls, &new.listen.tls) {
                 (Some(tls), Some(files)) => reload_tls(tls, files),

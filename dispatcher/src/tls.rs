@@ -10,6 +10,7 @@
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -139,10 +140,74 @@ pub enum ClientRead {
     Tls(ReadHalf<TlsStream<TcpStream>>),
 }
 
-/// What a client connection writes to.
-pub enum ClientWrite {
+/// What a client connection writes to, and when it last took bytes from us.
+pub struct ClientWrite {
+    io: WriteIo,
+    progress: Progress,
+}
+
+enum WriteIo {
     Plain(OwnedWriteHalf),
     Tls(WriteHalf<TlsStream<TcpStream>>),
+}
+
+/// When a connection's socket last took bytes, shared with its writer task: the write
+/// timeout counts from there, so a frame larger than what the client can take within the
+/// timeout still goes out to a client that keeps reading.
+#[derive(Clone)]
+pub struct Progress {
+    start: Instant,
+    /// Milliseconds from `start` to the last write that took bytes.
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            start: Instant::now(),
+            last_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn mark(&self) {
+        let ms = self.start.elapsed().as_millis().min(u64::MAX as u128) as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// The last time the socket took bytes (the connection's start if never).
+    pub fn last(&self) -> Instant {
+        self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+impl ClientWrite {
+    pub fn plain(w: OwnedWriteHalf) -> ClientWrite {
+        ClientWrite {
+            io: WriteIo::Plain(w),
+            progress: Progress::new(),
+        }
+    }
+
+    fn tls(w: WriteHalf<TlsStream<TcpStream>>) -> ClientWrite {
+        ClientWrite {
+            io: WriteIo::Tls(w),
+            progress: Progress::new(),
+        }
+    }
+
+    pub fn progress(&self) -> Progress {
+        self.progress.clone()
+    }
+}
+
+/// Marks progress when a write took bytes.
+fn wrote(progress: &Progress, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+    if let Poll::Ready(Ok(n)) = &r {
+        if *n > 0 {
+            progress.mark();
+        }
+    }
+    r
 }
 
 impl AsyncRead for ClientRead {
@@ -162,10 +227,12 @@ impl AsyncRead for ClientRead {
 
 impl AsyncWrite for ClientWrite {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientWrite::Plain(w) => Pin::new(w).poll_write(cx, buf),
-            ClientWrite::Tls(w) => Pin::new(w).poll_write(cx, buf),
-        }
+        let this = self.get_mut();
+        let r = match &mut this.io {
+            WriteIo::Plain(w) => Pin::new(w).poll_write(cx, buf),
+            WriteIo::Tls(w) => Pin::new(w).poll_write(cx, buf),
+        };
+        wrote(&this.progress, r)
     }
 
     fn poll_write_vectored(
@@ -173,30 +240,32 @@ impl AsyncWrite for ClientWrite {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientWrite::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            ClientWrite::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-        }
+        let this = self.get_mut();
+        let r = match &mut this.io {
+            WriteIo::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+            WriteIo::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+        };
+        wrote(&this.progress, r)
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            ClientWrite::Plain(w) => w.is_write_vectored(),
-            ClientWrite::Tls(w) => w.is_write_vectored(),
+        match &self.io {
+            WriteIo::Plain(w) => w.is_write_vectored(),
+            WriteIo::Tls(w) => w.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientWrite::Plain(w) => Pin::new(w).poll_flush(cx),
-            ClientWrite::Tls(w) => Pin::new(w).poll_flush(cx),
+        match &mut self.get_mut().io {
+            WriteIo::Plain(w) => Pin::new(w).poll_flush(cx),
+            WriteIo::Tls(w) => Pin::new(w).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientWrite::Plain(w) => Pin::new(w).poll_shutdown(cx),
-            ClientWrite::Tls(w) => Pin::new(w).poll_shutdown(cx),
+        match &mut self.get_mut().io {
+            WriteIo::Plain(w) => Pin::new(w).poll_shutdown(cx),
+            WriteIo::Tls(w) => Pin::new(w).poll_shutdown(cx),
         }
     }
 }
@@ -212,7 +281,7 @@ pub async fn open(
 ) -> Option<(ClientRead, ClientWrite)> {
     let Some(tls) = tls else {
         let (rd, wr) = socket.into_split();
-        return Some((ClientRead::Plain(rd), ClientWrite::Plain(wr)));
+        return Some((ClientRead::Plain(rd), ClientWrite::plain(wr)));
     };
     let deadline = Instant::now() + limit;
     let mut first = [0u8; 1];
@@ -256,7 +325,7 @@ pub async fn open(
             let with_cert = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
             tracing::debug!(client_certificate = with_cert, "TLS established");
             let (rd, wr) = tokio::io::split(stream);
-            Some((ClientRead::Tls(rd), ClientWrite::Tls(wr)))
+            Some((ClientRead::Tls(rd), ClientWrite::tls(wr)))
         }
     }
 }

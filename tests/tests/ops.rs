@@ -174,3 +174,41 @@ async fn cli_runs_sql_and_shows_status_and_resizes() -> anyhow::Result<()> {
     d.wait_idle(3, Duration::from_secs(15)).await?;
     Ok(())
 }
+
+/// Review finding (SIGHUP). A SIGHUP whose file leaves the pool size as it was (a reload
+/// for a certificate rotation, a queue bound) does not undo a live resize: it once reset
+/// the pool to the file's size every time, so a pool resized through the admin API, or an
+/// elastic pool grown under load, fell back to its start size on every reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_with_the_same_pool_size_keeps_a_live_resize() -> anyhow::Result<()> {
+    let c = Cluster::start("[pool]\nsize = 2\n").await?;
+    let d = &c.dispatcher;
+    d.resize(4).await?;
+    d.wait_idle(4, Duration::from_secs(15)).await?;
+    // Another key changes (seen in /status once the reload is done); `size` stays 2.
+    let text = std::fs::read_to_string(&d.config_path)?;
+    let mut table: toml::Table = text.parse()?;
+    table["pool"]
+        .as_table_mut()
+        .expect("pool table")
+        .insert("queue_capacity".into(), 777.into());
+    std::fs::write(&d.config_path, toml::to_string(&table)?)?;
+    d.signal(Signal::SIGHUP);
+    wait_for(
+        Duration::from_secs(10),
+        "the reload to apply queue_capacity",
+        || async { (d.status().await.ok()?["pool"]["queue_capacity"] == 777).then_some(()) },
+    )
+    .await?;
+    assert_eq!(d.status().await?["pool"]["size"], 4, "the reload undid the live resize");
+    // A changed size in the file is still applied.
+    table["pool"]
+        .as_table_mut()
+        .expect("pool table")
+        .insert("size".into(), 3.into());
+    std::fs::write(&d.config_path, toml::to_string(&table)?)?;
+    d.signal(Signal::SIGHUP);
+    d.wait_idle(3, Duration::from_secs(15)).await?;
+    assert_eq!(d.status().await?["pool"]["size"], 3);
+    Ok(())
+}

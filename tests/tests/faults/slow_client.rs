@@ -112,8 +112,10 @@ async fn stopped_client_is_cut_off() {
 }
 
 /// Review finding (flow control). A client on a slow path that keeps reading steadily is
-/// not cut off, however long its result takes: client_write_timeout (1 s here) bounds
-/// each write step, not a whole batch of writes. It once timed the batch, which goes on
+/// not cut off, however long its result takes: client_write_timeout (1 s here) counts
+/// from the last bytes the socket took, not a whole batch of writes (nor one write step:
+/// see `a_big_frame_to_a_client_that_keeps_reading_is_not_cut_off` in
+/// dispatcher/src/client_conn.rs). It once timed the batch, which goes on
 /// as long as the client's queue never runs empty, so a 20 MB result read at ~10 MB/s
 /// through a 64 KiB receive window was cut off after 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
