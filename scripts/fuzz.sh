@@ -5,6 +5,8 @@
 #   scripts/fuzz.sh [SECS] [TARGET...]     (default: 60 s, every target)
 # A crash stops the run with a non-zero status and leaves the input in
 # fuzz/artifacts/<target>/. Needs cargo-fuzz (`cargo install cargo-fuzz --locked`).
+# OSPREY_FUZZ_QUIET=1 (as .ci/run sets it) keeps libFuzzer's progress lines in
+# fuzz/logs/<target>.log and prints one summary line per target (the log's tail on a failure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -23,6 +25,18 @@ for t in "${targets[@]}"; do
   esac
   mkdir -p "fuzz/corpus/$t"
   echo "== fuzz target $t, ${secs} s"
-  cargo fuzz run "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
-    -dict="$dict" -max_total_time="$secs" -timeout=20 -print_final_stats=1
+  run=(cargo fuzz run "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" --
+    -dict="$dict" -max_total_time="$secs" -timeout=20 -print_final_stats=1)
+  if [ "${OSPREY_FUZZ_QUIET:-0}" = 1 ]; then
+    mkdir -p fuzz/logs
+    log="fuzz/logs/$t.log"
+    if ! "${run[@]}" >"$log" 2>&1; then
+      tail -n 80 "$log"
+      echo "fuzz target $t FAILED (whole log: $log, input in fuzz/artifacts/$t/)"
+      exit 1
+    fi
+    echo "fuzz target $t: $(grep -E '^Done [0-9]+ runs' "$log" | tail -n 1)"
+  else
+    "${run[@]}"
+  fi
 done
