@@ -61,7 +61,9 @@ mod client;
 pub mod config;
 mod connection;
 pub mod error;
-pub mod local;
+/// The runtime directory and credentials file, shared with the dispatcher (they live in the
+/// protocol crate so that neither binary links the other).
+pub use osprey_protocol::local;
 pub mod retry;
 pub mod rows;
 mod stream;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use osprey_protocol::{SessionReset, SslMode};
 use serde::{Deserialize, Serialize};
 
-use crate::wait_queue::QueueLimits;
+use crate::pool::wait_queue::QueueLimits;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

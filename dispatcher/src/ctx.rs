@@ -8,8 +8,8 @@ use osprey_protocol::WorkerSettings;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::metrics::Metrics;
 use crate::config::Config;
-use crate::metrics::Metrics;
 use crate::pool::Pool;
 
 pub struct Ctx {

@@ -3,18 +3,10 @@
 //! serves the admin API. See `docs/` and `../shared/DESIGN.md`.
 
 pub mod admin;
-pub mod client_conn;
+pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod ctx;
 pub mod fds;
-pub mod job;
-pub mod listen;
-pub mod metrics;
 pub mod pool;
-pub mod relay;
 pub mod server;
-pub mod streams;
-pub mod supervisor;
-pub mod tls;
-pub mod wait_queue;
-pub mod worker_link;

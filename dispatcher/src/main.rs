@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
         );
         // The certificate files too: a rotation can be checked before SIGHUP.
         if let Some(tls) = &config.listen.tls {
-            osprey_dispatcher::tls::load(tls).context("[listen.tls]")?;
+            osprey_dispatcher::client::tls::load(tls).context("[listen.tls]")?;
         }
         println!("config ok");
         return Ok(());

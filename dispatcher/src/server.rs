@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use osprey_client::local::{runtime_dir, Credentials};
+use osprey_protocol::local::{runtime_dir, Credentials};
 use osprey_protocol::{Backend, BackendTls, SslMode, WorkerSettings};
 use osprey_sandbox::Sandbox;
 use tokio::net::{TcpListener, UnixListener};
@@ -14,15 +14,15 @@ use tokio::sync::Semaphore;
 use tokio::time::{sleep, Instant};
 use tracing::{error, info, warn};
 
+use crate::admin::metrics::Metrics;
 use crate::admin::{self, AdminState};
+use crate::client::listen;
+use crate::client::tls::ServerTls;
 use crate::config::{self, Config};
 use crate::ctx::{random_token, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
-use crate::listen;
-use crate::metrics::Metrics;
+use crate::pool::supervisor::Supervisor;
 use crate::pool::Pool;
-use crate::supervisor::Supervisor;
-use crate::tls::ServerTls;
 
 /// How long workers get to finish the quit handshake at shutdown before they are killed.
 const WORKER_QUIT_LIMIT: Duration = Duration::from_secs(10);
@@ -246,7 +246,12 @@ async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener, max_connections: u
         };
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
-                tokio::spawn(crate::client_conn::serve(ctx.clone(), socket, tls.clone(), permit));
+                tokio::spawn(crate::client::connection::serve(
+                    ctx.clone(),
+                    socket,
+                    tls.clone(),
+                    permit,
+                ));
             }
             Err(_) => {
                 ctx.metrics.client_rejected.inc();
@@ -263,7 +268,7 @@ async fn accept_workers(ctx: Arc<Ctx>, listener: UnixListener) {
     loop {
         match listener.accept().await {
             Ok((socket, _)) => {
-                tokio::spawn(crate::worker_link::serve(ctx.clone(), socket));
+                tokio::spawn(crate::pool::link::serve(ctx.clone(), socket));
             }
             Err(e) => errors.failed(&e, &ctx.metrics).await,
         }

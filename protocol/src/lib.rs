@@ -9,6 +9,7 @@ pub mod body;
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod local;
 pub mod value;
 
 pub use body::*;

@@ -39,8 +39,8 @@ use tracing::debug;
 use crate::config;
 use crate::ctx::{constant_time_eq, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
+use crate::pool::supervisor::Supervisor;
 use crate::pool::{PoolView, SlotView};
-use crate::supervisor::Supervisor;
 
 /// Largest request head (start line and headers): admin requests are a few hundred
 /// bytes. A larger head gets 431 and the connection is closed.
@@ -278,7 +278,7 @@ async fn connection(
     cfg: config::Admin,
     slot: Slot,
     stop: CancellationToken,
-    metrics: Arc<crate::metrics::Metrics>,
+    metrics: Arc<crate::admin::metrics::Metrics>,
 ) {
     metrics.admin_connections.inc();
     let _open = scopeguard(move || {

@@ -19,10 +19,10 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::client::streams::StreamGuard;
 use crate::ctx::Ctx;
-use crate::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
+use crate::pool::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
 use crate::pool::{Next, SubmitError};
-use crate::streams::StreamGuard;
 
 pub type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
 pub type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;

@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Instrument};
 
 use crate::ctx::{constant_time_eq, Ctx};
+use crate::pool::relay::{Reader, Relay, Writer};
 use crate::pool::{WorkerLink, LINK_JOBS};
-use crate::relay::{Reader, Relay, Writer};
 
 #[derive(Debug, thiserror::Error)]
 enum RegisterError {

@@ -18,11 +18,11 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
+use crate::client::streams::{outbox, ClientShared, Inbox, OpenError};
+use crate::client::tls::{ClientRead, ClientWrite, Progress, ServerTls};
 use crate::ctx::Ctx;
-use crate::job::Job;
+use crate::pool::job::Job;
 use crate::pool::SubmitError;
-use crate::streams::{outbox, ClientShared, Inbox, OpenError};
-use crate::tls::{ClientRead, ClientWrite, Progress, ServerTls};
 
 type Reader = FramedRead<ClientRead, FrameCodec>;
 type Writer = FramedWrite<ClientWrite, FrameCodec>;
@@ -110,7 +110,7 @@ pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, tls: Option<Arc<ServerTls>>
         }
         // On a TLS port the TLS handshake runs inside the slot (its buffers count against
         // the same bound) and gets its own handshake_timeout, before HELLO's.
-        let Some((rd, wr)) = crate::tls::open(socket, tls.as_deref(), limit, &ctx.metrics).await else {
+        let Some((rd, wr)) = crate::client::tls::open(socket, tls.as_deref(), limit, &ctx.metrics).await else {
             ctx.metrics.client_connections.dec();
             return;
         };

@@ -15,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
-use crate::job::Job;
+use crate::pool::job::Job;
 
 /// Hashes connection ids. They come from the dispatcher's own counter (never from a
 /// client), so a multiplicative hash is safe and much cheaper than SipHash on the path

@@ -23,9 +23,9 @@ use serde::Serialize;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::job::{fail_later, Job};
-use crate::metrics::Metrics;
-use crate::wait_queue::{Full, Holder, QueueFigures, QueueLimits, WaitQueue};
+use crate::admin::metrics::Metrics;
+use crate::pool::job::{fail_later, Job};
+use crate::pool::wait_queue::{Full, Holder, QueueFigures, QueueLimits, WaitQueue};
 
 /// A worker that closed its link gets this long to exit by itself.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
@@ -827,7 +827,7 @@ mod tests {
     use osprey_protocol::{Frame, Kind};
 
     use super::*;
-    use crate::streams::{outbox, ClientShared, Inbox};
+    use crate::client::streams::{outbox, ClientShared, Inbox};
 
     struct Fixture {
         pool: Arc<Pool>,
@@ -927,7 +927,7 @@ mod tests {
 
     #[test]
     fn default_cap_leaves_a_quarter_of_the_pool() {
-        use crate::wait_queue::default_connection_cap as cap;
+        use crate::pool::wait_queue::default_connection_cap as cap;
         assert_eq!(
             [cap(1), cap(2), cap(3), cap(4), cap(8), cap(10), cap(16)],
             [1, 1, 2, 3, 6, 7, 12]

@@ -1,0 +1,6 @@
+//! The operations surface: the admin HTTP API and the Prometheus metrics.
+
+pub mod http;
+pub mod metrics;
+
+pub use http::*;

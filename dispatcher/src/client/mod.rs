@@ -1,0 +1,7 @@
+//! The client side: the TCP (and TLS) listener, one task per client connection,
+//! and the per-stream closed-loop guard.
+
+pub mod connection;
+pub mod listen;
+pub mod streams;
+pub mod tls;

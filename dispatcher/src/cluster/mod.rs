@@ -1,0 +1,2 @@
+//! Clusters and their members: topology providers, the health model and its
+//! accumulator, failover and switchover.

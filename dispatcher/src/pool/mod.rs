@@ -1,0 +1,12 @@
+//! Worker processes and the slots they fill: the slot group (assignment, wait
+//! queue), the supervisor that spawns and respawns processes, the link task per
+//! registered worker, and the relay of a request's frames.
+
+pub mod group;
+pub mod job;
+pub mod link;
+pub mod relay;
+pub mod supervisor;
+pub mod wait_queue;
+
+pub use group::*;
