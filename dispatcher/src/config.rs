@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use osprey_protocol::{SessionReset, SslMode};
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::{ClusterConfig, FailoverConfig, HealthConfig, MemberConfig, Topology};
 use crate::pool::wait_queue::QueueLimits;
 
 #[derive(Debug, thiserror::Error)]
@@ -29,9 +30,13 @@ pub struct Config {
     pub limits: Limits,
     pub timeouts: Timeouts,
     pub admin: Admin,
-    /// The database the workers connect to. Absent: the dispatcher starts a local
-    /// MariaDB sandbox (primary + 1 replica) and uses its primary.
+    /// A single database, without failover: shorthand for one cluster of one member.
+    /// With neither `[backend]` nor `[[cluster]]`, the dispatcher starts a local MariaDB
+    /// sandbox (a primary and two replicas) and fronts it as cluster `sandbox`.
     pub backend: Option<Backend>,
+    /// The clusters, in order; a REQUEST without `cluster` goes to the first.
+    #[serde(rename = "cluster")]
+    pub clusters: Vec<ClusterConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -309,6 +314,44 @@ fn default_connect_timeout() -> u64 {
     5_000
 }
 
+impl Backend {
+    /// `[backend]` as the one-member cluster it stands for: no replica to promote, so no
+    /// failover; the health model still runs.
+    pub fn as_cluster(&self) -> ClusterConfig {
+        ClusterConfig {
+            name: "default".into(),
+            topology: Topology::Replication,
+            user: self.user.clone(),
+            password: self.password.clone(),
+            database: self.database.clone(),
+            monitor_user: None,
+            monitor_password: None,
+            replication_user: None,
+            replication_password: None,
+            connect_timeout_ms: self.connect_timeout_ms,
+            session_reset: self.session_reset,
+            ssl_mode: self.ssl_mode,
+            ssl_ca: self.ssl_ca.clone(),
+            ssl_server_name: self.ssl_server_name.clone(),
+            members: vec![MemberConfig {
+                name: self.name.clone(),
+                host: self.host.clone(),
+                port: self.port,
+                no_promotion: false,
+                priority: 0,
+                replication_host: None,
+                replication_port: None,
+            }],
+            health: HealthConfig::default(),
+            failover: FailoverConfig {
+                auto: false,
+                lock: crate::cluster::LockMode::None,
+                ..FailoverConfig::default()
+            },
+        }
+    }
+}
+
 impl Config {
     /// Reads and validates a TOML file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -394,6 +437,22 @@ impl Config {
                 if let Err(e) = std::fs::File::open(ca) {
                     return Err(ConfigError::Invalid(format!("backend.ssl_ca {}: {e}", ca.display())));
                 }
+            }
+        }
+        if self.backend.is_some() && !self.clusters.is_empty() {
+            return bad("[backend] and [[cluster]] do not go together: describe the backend as a cluster");
+        }
+        for (i, c) in self.clusters.iter().enumerate() {
+            c.validate().map_err(ConfigError::Invalid)?;
+            if self.clusters[..i].iter().any(|o| o.name == c.name) {
+                return Err(ConfigError::Invalid(format!("two clusters named {}", c.name)));
+            }
+            let verifies = matches!(c.ssl_mode, SslMode::VerifyCa | SslMode::VerifyIdentity);
+            if (c.ssl_ca.is_some() && !verifies) || (c.ssl_mode == SslMode::VerifyCa && c.ssl_ca.is_none()) {
+                return Err(ConfigError::Invalid(format!(
+                    "cluster {}: ssl_ca goes with ssl_mode verify_ca (where it is required) or verify_identity",
+                    c.name
+                )));
             }
         }
         if self.pool.batch_rows == 0 || (self.pool.batch_bytes as usize) >= self.limits.max_payload {
@@ -504,5 +563,55 @@ mod tests {
         assert!(c.validate().is_err());
         let c: Config = toml::from_str("[pool]\nmin = 2\nmax = 8\nsize = 1\n").unwrap();
         assert_eq!(c.initial_pool_size(), 2);
+    }
+
+    #[test]
+    fn clusters_parse_with_defaults() {
+        let text = r#"
+[[cluster]]
+name = "main"
+user = "app"
+replication_user = "repl"
+replication_password = "r"
+[[cluster.member]]
+name = "db1"
+host = "10.0.0.1"
+[[cluster.member]]
+name = "db2"
+host = "10.0.0.2"
+port = 3307
+no_promotion = true
+[cluster.health]
+interval_ms = 100
+
+[[cluster]]
+name = "galera"
+topology = "galera"
+user = "app"
+[[cluster.member]]
+name = "g1"
+host = "10.0.1.1"
+"#;
+        let c: Config = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.clusters.len(), 2);
+        let main = &c.clusters[0];
+        assert_eq!(main.topology, Topology::Replication);
+        assert_eq!(main.members[1].port, 3307);
+        assert!(main.members[1].no_promotion);
+        assert_eq!(main.health.interval_ms, 100);
+        assert_eq!(main.health.ping_timeout(), std::time::Duration::from_millis(80));
+        assert!(main.failover.auto);
+        assert_eq!(c.clusters[1].topology, Topology::Galera);
+        let both = format!("{text}\n[backend]\nhost = \"db\"\nuser = \"app\"\n");
+        let c: Config = toml::from_str(&both).unwrap();
+        assert!(c.validate().is_err(), "[backend] beside [[cluster]] is refused");
+    }
+
+    #[test]
+    fn a_window_too_short_for_the_threshold_is_refused() {
+        let text = "[[cluster]]\nname = \"m\"\nuser = \"a\"\n[[cluster.member]]\nname = \"x\"\nhost = \"h\"\n[cluster.health]\ninterval_ms = 500\nwindow_ms = 1000\nfail_threshold = 3\n";
+        let c: Config = toml::from_str(text).unwrap();
+        assert!(c.validate().is_err());
     }
 }

@@ -270,6 +270,9 @@ pub struct Request {
     /// Per-request timeout in milliseconds (0 = the dispatcher's `request_timeout`).
     #[serde(default)]
     pub timeout_ms: u64,
+    /// The cluster to run on (absent: the dispatcher's first cluster). Protocol 1.2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// The most parameters one statement may have: MySQL's prepared statements count them

@@ -128,6 +128,8 @@ codes! {
     DatabaseFatal = "DATABASE_FATAL",
     /// The database answered with an error (errno/SQLSTATE filled in).
     Database = "DATABASE_ERROR",
+    /// The REQUEST named a cluster this dispatcher does not front.
+    UnknownCluster = "UNKNOWN_CLUSTER",
     /// The worker could not reach the database at all.
     BackendUnavailable = "BACKEND_UNAVAILABLE",
     /// The peer did not answer pings within `keepalive_timeout`.

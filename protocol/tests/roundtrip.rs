@@ -148,9 +148,10 @@ fn arb_request() -> impl Strategy<Value = Request> {
         prop::collection::vec(arb_statement(), 0..4),
         any::<(bool, bool, bool)>(),
         any::<u64>(),
+        prop::option::of(any::<String>()),
     )
         .prop_map(
-            |(sql, params, batch, (read_only, idempotent, force_primary), timeout_ms)| Request {
+            |(sql, params, batch, (read_only, idempotent, force_primary), timeout_ms, cluster)| Request {
                 sql,
                 params,
                 batch,
@@ -158,6 +159,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 idempotent,
                 force_primary,
                 timeout_ms,
+                cluster,
             },
         )
 }

@@ -1,2 +1,6 @@
 //! Clusters and their members: topology providers, the health model and its
 //! accumulator, failover and switchover.
+
+pub mod config;
+
+pub use config::*;
