@@ -1,6 +1,14 @@
 //! Clusters and their members: topology providers, the health model and its
 //! accumulator, failover and switchover.
+//!
+//! Per cluster: one monitor task per member (`health/`) publishes a
+//! [`MemberHealth`]; one topology provider task (`replication`, `galera`,
+//! `group_replication`) reads those and the servers' own state, decides (or follows)
+//! who the primary is and publishes a [`ClusterView`]; the slot groups
+//! (`crate::pool`) re-target their workers when the view's primary changes.
 
 pub mod config;
+pub mod view;
 
 pub use config::*;
+pub use view::*;
