@@ -8,6 +8,7 @@
 //! (`crate::pool`) re-target their workers when the view's primary changes.
 
 pub mod config;
+pub mod events;
 pub mod view;
 
 pub use config::*;
