@@ -219,3 +219,10 @@ mod unix_ms_opt {
         }
     }
 }
+
+/// How the cluster's manager reaches a running topology provider.
+#[derive(Debug, Clone)]
+pub struct ProviderHandle {
+    pub view: tokio::sync::watch::Receiver<ClusterView>,
+    pub commands: tokio::sync::mpsc::Sender<Command>,
+}
