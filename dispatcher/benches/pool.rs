@@ -42,6 +42,26 @@ fn fixture() -> Fixture {
         "bench".into(),
         metrics.clone(),
     );
+    pool.set_target(
+        "bench",
+        osprey_protocol::WorkerSettings {
+            backend: osprey_protocol::Backend {
+                name: "bench".into(),
+                host: "127.0.0.1".into(),
+                port: 3306,
+                user: "u".into(),
+                password: String::new(),
+                database: None,
+            },
+            max_requests: 0,
+            max_age_ms: 0,
+            batch_rows: 1,
+            batch_bytes: 1,
+            connect_timeout_ms: 1,
+            session_reset: Default::default(),
+            backend_tls: None,
+        },
+    );
     let mut links = Vec::new();
     for index in 0..WORKERS {
         let (kill, _) = mpsc::unbounded_channel();

@@ -4,23 +4,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use osprey_protocol::WorkerSettings;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::metrics::Metrics;
+use crate::cluster::events::EventLog;
+use crate::cluster::ClusterRuntime;
 use crate::config::Config;
-use crate::pool::Pool;
+use crate::pool::{Pool, GROUP_SLOTS};
 
 pub struct Ctx {
     pub config: Config,
+    /// The first cluster's write slots (the default of a REQUEST without `cluster`).
     pub pool: Arc<Pool>,
+    /// Every slot group, group `g` owning slot ids `g * GROUP_SLOTS ..`.
+    pub groups: Vec<Arc<Pool>>,
+    /// The clusters, in configuration order (cluster `i` owns group `i`).
+    pub clusters: Vec<Arc<ClusterRuntime>>,
+    /// Switches of every cluster (`GET /cluster/events`).
+    pub events: Arc<EventLog>,
     pub metrics: Arc<Metrics>,
     pub client_tokens: Vec<String>,
     pub admin_token: String,
     /// Per-boot secret a worker must present; handed to workers on stdin.
     pub secret: String,
-    pub worker_settings: WorkerSettings,
     /// SIGTERM: stop accepting, GOAWAY every client, let in-flight requests finish.
     pub draining: CancellationToken,
     /// The drain deadline passed (or a second signal): fail what is left.
@@ -39,12 +46,13 @@ impl Ctx {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: Config,
-        pool: Arc<Pool>,
+        groups: Vec<Arc<Pool>>,
+        clusters: Vec<Arc<ClusterRuntime>>,
+        events: Arc<EventLog>,
         metrics: Arc<Metrics>,
         client_tokens: Vec<String>,
         admin_token: String,
         secret: String,
-        worker_settings: WorkerSettings,
     ) -> Ctx {
         let handshakes = Arc::new(Semaphore::new(config.limits.max_pending_handshakes));
         let request_bytes = Arc::new(Semaphore::new(
@@ -54,17 +62,39 @@ impl Ctx {
             handshakes,
             request_bytes,
             config,
-            pool,
+            pool: groups.first().expect("at least one slot group").clone(),
+            groups,
+            clusters,
+            events,
             metrics,
             client_tokens,
             admin_token,
             secret,
-            worker_settings,
             draining: CancellationToken::new(),
             abort: CancellationToken::new(),
             started: Instant::now(),
             next_conn_id: AtomicU64::new(1),
         }
+    }
+
+    /// The write slots of `cluster` (absent: the first cluster's).
+    pub fn cluster(&self, name: Option<&str>) -> Option<&Arc<ClusterRuntime>> {
+        match name {
+            None => self.clusters.first(),
+            Some(name) => self.clusters.iter().find(|c| c.name == name),
+        }
+    }
+
+    pub fn group_for(&self, cluster: Option<&str>) -> Option<&Arc<Pool>> {
+        match cluster {
+            None => self.groups.first(),
+            Some(name) => self.groups.iter().find(|g| g.cluster() == name),
+        }
+    }
+
+    /// The group slot id `index` belongs to.
+    pub fn group_of_slot(&self, index: u32) -> Option<&Arc<Pool>> {
+        self.groups.get((index / GROUP_SLOTS) as usize)
     }
 
     pub fn next_conn_id(&self) -> u64 {

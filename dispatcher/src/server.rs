@@ -6,18 +6,20 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use osprey_protocol::local::{runtime_dir, Credentials};
-use osprey_protocol::{Backend, BackendTls, SslMode, WorkerSettings};
 use osprey_sandbox::Sandbox;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Semaphore;
 use tokio::time::{sleep, Instant};
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::admin::metrics::Metrics;
 use crate::admin::{self, AdminState};
 use crate::client::listen;
 use crate::client::tls::ServerTls;
+use crate::cluster::events::EventLog;
+use crate::cluster::{manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, MemberConfig, Topology};
 use crate::config::{self, Config};
 use crate::ctx::{random_token, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
@@ -39,34 +41,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let fd_budget = fds::start(&config)?;
     let metrics = Arc::new(Metrics::new());
 
-    // With no backend configured, bring up a local MariaDB sandbox: the embedded
-    // default for a first run. It lives (and dies) with this process.
-    let (backend, _sandbox) = match &config.backend {
-        Some(b) => (b.clone(), None),
-        None => {
-            info!("no [backend] configured: starting a local MariaDB sandbox (primary + 1 replica)");
-            let sandbox = Sandbox::start(1)
-                .await
-                .context("starting the embedded MariaDB sandbox")?;
-            let p = sandbox.primary();
-            let b = config::Backend {
-                name: "sandbox-primary".into(),
-                host: p.host().to_string(),
-                port: p.port(),
-                user: p.user().to_string(),
-                password: p.password().to_string(),
-                database: Some(p.database().to_string()),
-                connect_timeout_ms: 5_000,
-                session_reset: Default::default(),
-                ssl_mode: Default::default(),
-                ssl_ca: None,
-                ssl_server_name: None,
-            };
-            info!(url = %p.url(), "sandbox primary ready");
-            (b, Some(sandbox))
-        }
-    };
-
+    // With neither [backend] nor [[cluster]], bring up a local MariaDB sandbox (a
+    // primary and two replicas): the embedded default for a first run. It lives (and
+    // dies) with this process.
+    let (clusters, _sandbox) = resolve_clusters(&config).await?;
     let dir = config.listen.runtime_dir.clone().unwrap_or_else(runtime_dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating runtime dir {}", dir.display()))?;
     let (client_tokens, admin_token) = tokens(&config, &dir)?;
@@ -105,45 +83,37 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let admin_listener = listen::bind_tcp(config.listen.admin, 128)
         .with_context(|| format!("binding admin listener {}", config.listen.admin))?;
 
-    let worker_settings = WorkerSettings {
-        backend: Backend {
-            name: backend.name.clone(),
-            host: backend.host.clone(),
-            port: backend.port,
-            user: backend.user.clone(),
-            password: backend.password.clone(),
-            database: backend.database.clone(),
-        },
-        max_requests: config.pool.max_requests,
-        max_age_ms: config.pool.max_age_s * 1000,
-        batch_rows: config.pool.batch_rows,
-        batch_bytes: config.pool.batch_bytes,
-        connect_timeout_ms: backend.connect_timeout_ms,
-        session_reset: backend.session_reset,
-        backend_tls: match backend.ssl_mode {
-            SslMode::Disabled => None,
-            mode => Some(BackendTls {
-                mode,
-                ca_file: backend.ssl_ca.as_ref().map(|p| p.display().to_string()),
-                server_name: backend.ssl_server_name.clone(),
-            }),
-        },
-    };
     let initial = config.initial_pool_size();
-    let pool = Pool::new(0, config.queue_limits(), backend.name.clone(), metrics.clone());
+    let groups: Vec<Arc<Pool>> = clusters
+        .iter()
+        .enumerate()
+        .map(|(i, (c, _))| Pool::with_base(i as u32, 0, config.queue_limits(), c.name.clone(), metrics.clone()))
+        .collect();
+    let events = Arc::new(EventLog::default());
+    // Monitors and providers stop once the workers have quit (end of `run`).
+    let cluster_stop = CancellationToken::new();
+    let _stop_clusters = cluster_stop.clone().drop_guard();
+    let runtimes: Vec<Arc<ClusterRuntime>> = clusters
+        .into_iter()
+        .zip(&groups)
+        .map(|((c, single), pool)| start_cluster(c, single, &config, pool.clone(), &events, &metrics, &cluster_stop))
+        .collect();
     let ctx = Arc::new(Ctx::new(
         config.clone(),
-        pool,
+        groups,
+        runtimes,
+        events,
         metrics,
         client_tokens,
         admin_token,
         random_token(),
-        worker_settings,
     ));
     let supervisor = Supervisor::new(ctx.clone(), worker_binary, socket_path.clone());
     supervisor.resize(initial);
     tokio::spawn(supervisor.clone().run_elastic());
-    tokio::spawn(ctx.pool.clone().run_reaper());
+    for group in &ctx.groups {
+        tokio::spawn(group.clone().run_reaper());
+    }
 
     let admin_task = tokio::spawn({
         let state = AdminState {
@@ -172,7 +142,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         client = %config.listen.client,
         tls = tls.is_some(),
         admin = %config.listen.admin,
-        backend = %format!("{}:{}", backend.host, backend.port),
+        clusters = %ctx.clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(","),
         slots = initial,
         max_client_connections = fd_budget.max_client_connections,
         runtime_dir = %dir.display(),
@@ -198,7 +168,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         );
     }
     // Pool first: workers killed by the requests that the abort fails must not be respawned.
-    ctx.pool.shutdown();
+    for group in &ctx.groups {
+        group.shutdown();
+    }
     ctx.abort.cancel();
     if !supervisor.wait_all(WORKER_QUIT_LIMIT).await {
         warn!("workers did not quit in time; killing them");
@@ -322,7 +294,9 @@ fn stop_signal(ctx: &Ctx, name: &str) {
 /// Stops at once: the pool stops first, so that workers killed by failing
 /// requests are not respawned.
 fn abort(ctx: &Ctx) {
-    ctx.pool.shutdown();
+    for group in &ctx.groups {
+        group.shutdown();
+    }
     ctx.draining.cancel();
     ctx.abort.cancel();
 }
@@ -358,7 +332,10 @@ fn reload(
                 supervisor.resize(size);
             }
             *file_size = size;
-            ctx.pool.set_limits(new.queue_limits());
+            for group in &ctx.groups {
+                group.set_limits(new.queue_limits());
+            }
+            reload_clusters(ctx, &new);
             match (tls, &new.listen.tls) {
                 (Some(tls), Some(files)) => reload_tls(tls, files),
                 (None, None) => {}
@@ -366,14 +343,15 @@ fn reload(
             }
             let listen_sans_tls = |l: &config::Listen| config::Listen { tls: None, ..l.clone() };
             if new.backend != ctx.config.backend
+                || cluster_shape(&new) != cluster_shape(&ctx.config)
                 || listen_sans_tls(&new.listen) != listen_sans_tls(&ctx.config.listen)
                 || new.auth != ctx.config.auth
                 || new.admin != ctx.config.admin
                 || new.limits.max_client_connections != ctx.config.limits.max_client_connections
             {
                 warn!(
-                    "SIGHUP: backend, listen, auth, admin and limits.max_client_connections changes need a restart; \
-                     ignored"
+                    "SIGHUP: backend, cluster names, members and credentials, listen, auth, admin and \
+                     limits.max_client_connections changes need a restart; ignored"
                 );
             }
         }
@@ -386,5 +364,116 @@ fn reload_tls(tls: &ServerTls, files: &config::ListenTls) {
     match tls.reload(files) {
         Ok(()) => info!(cert = %files.cert_file.display(), "SIGHUP: TLS certificate reloaded"),
         Err(e) => error!("SIGHUP: TLS files refused, the certificate in use stays: {e}"),
+    }
+}
+
+/// The clusters to front, each with whether it stands for a single `[backend]`; the
+/// sandbox when the embedded default is used.
+async fn resolve_clusters(config: &Config) -> anyhow::Result<(Vec<(ClusterConfig, bool)>, Option<Sandbox>)> {
+    if let Some(b) = &config.backend {
+        return Ok((vec![(b.as_cluster(), true)], None));
+    }
+    if !config.clusters.is_empty() {
+        return Ok((config.clusters.iter().map(|c| (c.clone(), false)).collect(), None));
+    }
+    info!("no [backend] or [[cluster]] configured: starting a local MariaDB sandbox (primary + 2 replicas)");
+    let sandbox = Sandbox::start(2)
+        .await
+        .context("starting the embedded MariaDB sandbox")?;
+    let cluster = sandbox_cluster(&sandbox);
+    info!(url = %sandbox.primary().url(), "sandbox ready");
+    Ok((vec![(cluster, false)], Some(sandbox)))
+}
+
+/// The embedded default: the sandbox as cluster `sandbox`, with failover on.
+fn sandbox_cluster(sandbox: &Sandbox) -> ClusterConfig {
+    let p = sandbox.primary();
+    ClusterConfig {
+        name: "sandbox".into(),
+        topology: Topology::Replication,
+        user: p.user().to_string(),
+        password: p.password().to_string(),
+        database: Some(p.database().to_string()),
+        monitor_user: None,
+        monitor_password: None,
+        replication_user: Some(osprey_sandbox::REPL_USER.into()),
+        replication_password: Some(osprey_sandbox::REPL_PASSWORD.into()),
+        connect_timeout_ms: 5_000,
+        session_reset: Default::default(),
+        ssl_mode: Default::default(),
+        ssl_ca: None,
+        ssl_server_name: None,
+        members: sandbox
+            .instances()
+            .map(|i| MemberConfig {
+                name: i.name().to_string(),
+                host: i.host().to_string(),
+                port: i.port(),
+                no_promotion: false,
+                priority: 0,
+                replication_host: None,
+                replication_port: None,
+            })
+            .collect(),
+        health: HealthConfig::default(),
+        failover: FailoverConfig {
+            // A tour shows several failovers in a row.
+            cooldown_s: 10,
+            ..FailoverConfig::default()
+        },
+    }
+}
+
+/// Starts the monitors and the topology provider of one cluster, and the follower
+/// that points `pool` at its primary.
+fn start_cluster(
+    cluster: ClusterConfig,
+    single: bool,
+    config: &Config,
+    pool: Arc<Pool>,
+    events: &Arc<EventLog>,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+) -> Arc<ClusterRuntime> {
+    let _ = (metrics, single);
+    let health = Vec::new();
+    let provider = manager::spawn_static(&cluster, events.clone(), stop.clone());
+    ClusterRuntime::start(
+        Arc::new(cluster),
+        config.pool.clone(),
+        health,
+        provider,
+        pool,
+        stop.clone(),
+    )
+}
+
+/// What of the clusters a SIGHUP cannot change (names, topology, members, credentials).
+fn cluster_shape(config: &Config) -> Vec<ClusterConfig> {
+    config
+        .clusters
+        .iter()
+        .map(|c| ClusterConfig {
+            health: HealthConfig::default(),
+            failover: FailoverConfig::default(),
+            ..c.clone()
+        })
+        .collect()
+}
+
+/// SIGHUP: health and failover settings apply live.
+fn reload_clusters(ctx: &Ctx, new: &Config) {
+    for c in &new.clusters {
+        if let Some(rt) = ctx.clusters.iter().find(|r| r.name == c.name) {
+            let current = rt.config().borrow().clone();
+            if current.health != c.health || current.failover != c.failover {
+                info!(cluster = %c.name, "SIGHUP: health and failover settings applied");
+                rt.reconfigure(Arc::new(ClusterConfig {
+                    health: c.health.clone(),
+                    failover: c.failover.clone(),
+                    ..(*current).clone()
+                }));
+            }
+        }
     }
 }

@@ -221,7 +221,9 @@ async fn handshake(
         .map_err(|e| protocol_error(&e))?;
     // Its requests take turns, and count against caps, as this token's (forgotten
     // when `run` ends).
-    ctx.pool.open_conn(id, tenant);
+    for group in &ctx.groups {
+        group.open_conn(id, tenant);
+    }
     Ok((hello.name, window))
 }
 
@@ -313,7 +315,7 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
     }
     shared.cancel_all();
     // Queued requests of this connection would only be skipped by a worker later.
-    for job in ctx.pool.take_waiting_conn(id) {
+    for job in ctx.groups.iter().flat_map(|g| g.take_waiting_conn(id)) {
         ctx.metrics.outcome("cancelled");
         drop(job);
     }
@@ -340,7 +342,7 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
             if shared.cancel(frame.stream) {
                 // Still waiting for a worker: answer now. Otherwise its worker link
                 // sees the token and stops the statement.
-                if let Some(job) = ctx.pool.take_waiting(shared.id, frame.stream) {
+                if let Some(job) = ctx.groups.iter().find_map(|g| g.take_waiting(shared.id, frame.stream)) {
                     job.fail(
                         &ctx.metrics,
                         "cancelled",
@@ -428,6 +430,16 @@ async fn open_stream(
         shared.reject(stream, conn_error(ErrorCode::InvalidRequest, msg)).await;
         return Ok(());
     }
+    let Some(group) = ctx.group_for(request.cluster.as_deref()) else {
+        ctx.metrics.outcome("bad_request");
+        let msg = format!(
+            "unknown cluster {:?} (this dispatcher fronts {})",
+            request.cluster.as_deref().unwrap_or_default(),
+            ctx.groups.iter().map(|g| g.cluster()).collect::<Vec<_>>().join(", ")
+        );
+        shared.reject(stream, conn_error(ErrorCode::UnknownCluster, msg)).await;
+        return Ok(());
+    };
     let (mut guard, cancel) = match shared.open(stream) {
         Ok(opened) => opened,
         Err(OpenError::Duplicate) => {
@@ -482,7 +494,7 @@ async fn open_stream(
         queue_deadline: received + ctx.queue_timeout(),
         attempts: 0,
     };
-    if let Err((job, e)) = ctx.pool.submit(job) {
+    if let Err((job, e)) = group.submit(job) {
         let (outcome, code, msg) = match e {
             SubmitError::QueueFull => (
                 "queue_full",
@@ -500,6 +512,13 @@ async fn open_stream(
                 "the dispatcher is shutting down",
             ),
             SubmitError::Cancelled => ("cancelled", ErrorCode::Cancelled, "cancelled"),
+            SubmitError::Unavailable => {
+                let why = group.unavailable_reason().unwrap_or_default();
+                let msg = format!("cluster {}: no member can serve: {why}", group.cluster());
+                job.fail(&ctx.metrics, "unavailable", ErrorCode::BackendUnavailable, &msg)
+                    .await;
+                return Ok(());
+            }
         };
         job.fail(&ctx.metrics, outcome, code, msg).await;
     }

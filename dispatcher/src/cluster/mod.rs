@@ -9,7 +9,9 @@
 
 pub mod config;
 pub mod events;
+pub mod manager;
 pub mod view;
 
 pub use config::*;
+pub use manager::{ClusterReport, ClusterRuntime};
 pub use view::*;

@@ -14,13 +14,13 @@
 //! (`release`) hands jobs to idle workers before the lock is let go.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use osprey_protocol::ErrorCode;
+use osprey_protocol::{ErrorCode, WorkerSettings};
 use serde::Serialize;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::metrics::Metrics;
@@ -38,6 +38,24 @@ const REAPER_GRAIN: Duration = Duration::from_millis(5);
 /// enough; the spare absorbs nothing but keeps `try_send` from ever failing
 /// for a live link.
 pub const LINK_JOBS: usize = 2;
+
+/// Slot ids of group `g` are `g * GROUP_SLOTS ..`: unique across the dispatcher, so
+/// that a registering worker's slot names its group.
+pub const GROUP_SLOTS: u32 = 1 << 16;
+
+/// The member a slot group's workers serve, and what they are told at registration.
+#[derive(Debug)]
+pub struct Target {
+    pub member: String,
+    pub settings: WorkerSettings,
+    /// Bumped on every change of member or settings: a worker spawned for an older
+    /// target is retired (idle at once, busy after its response).
+    pub epoch: u64,
+}
+
+/// Told of workers that could not open, or lost, their database session: the member's
+/// health model counts it (the passive factor).
+pub type PassiveSink = Arc<dyn Fn(&str, &'static str) + Send + Sync>;
 
 /// How the pool reaches one registered worker's link task.
 #[derive(Clone, Debug)]
@@ -87,6 +105,19 @@ struct Slot {
     /// Whose job the worker runs (busy with a job taken from the pool).
     holder: Option<Holder>,
     kill: mpsc::UnboundedSender<&'static str>,
+    /// The target the process was spawned for.
+    target: Option<Arc<Target>>,
+}
+
+/// What a slot task does next (see [`Pool::begin_spawn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spawn {
+    /// Start a process of this generation.
+    Go(u64),
+    /// The group has no target yet: wait for one ([`Pool::target_changes`]).
+    NoTarget,
+    /// The slot was removed (retired, or the pool is shutting down).
+    Gone,
 }
 
 /// Why a request was not accepted for a worker.
@@ -98,6 +129,8 @@ pub enum SubmitError {
     ShuttingDown,
     /// (requeue) The client cancelled the request or closed its connection.
     Cancelled,
+    /// The group's cluster has no member to serve it (every member down); the reason.
+    Unavailable,
 }
 
 struct Inner {
@@ -109,6 +142,13 @@ struct Inner {
     target_size: usize,
     shutting_down: bool,
     next_generation: u64,
+    /// The member served, `None` until the cluster names one.
+    target: Option<Arc<Target>>,
+    /// No dispatch while set (switch in progress, member down or in maintenance):
+    /// requests wait in the queue, bounded by `queue_timeout_ms`.
+    hold: Option<String>,
+    /// Requests fail at once while set (no member can serve: all down).
+    unavailable: Option<String>,
 }
 
 impl Inner {
@@ -129,6 +169,7 @@ pub struct SlotView {
     pub requests: u64,
     pub age_s: f64,
     pub backend: String,
+    pub cluster: String,
     pub db_connection_id: Option<u32>,
     pub retiring: bool,
 }
@@ -136,6 +177,13 @@ pub struct SlotView {
 /// Pool-wide figures, for the admin API.
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolView {
+    pub cluster: String,
+    /// The member the workers serve (`null` before the cluster names one).
+    pub member: Option<String>,
+    /// Why requests wait instead of being dispatched, if they do.
+    pub hold: Option<String>,
+    /// Why requests fail at once, if they do.
+    pub unavailable: Option<String>,
     pub size: usize,
     pub slots: usize,
     pub idle: usize,
@@ -161,16 +209,38 @@ pub struct PoolView {
     pub fatal_exits: u64,
 }
 
+/// One slot group: the write slots of a cluster (the read slots of each replica come
+/// with the read/write split). The single owner of its slots, idle stack and queue.
 pub struct Pool {
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
-    backend_name: String,
+    /// The cluster whose primary the workers serve.
+    cluster: String,
+    /// Slot ids start here ([`GROUP_SLOTS`]).
+    base: u32,
     /// Wakes the queue reaper when the wait queue stops being empty.
     reaper: Notify,
+    /// The target's epoch: slot tasks waiting for a target (or backing off) wake on it.
+    target_tx: watch::Sender<u64>,
+    passive: Mutex<Option<PassiveSink>>,
+    /// What this group last added to the shared gauges (slot states, queue depth).
+    published: [AtomicI64; 4],
+    published_depth: AtomicI64,
 }
 
 impl Pool {
-    pub fn new(target_size: usize, limits: QueueLimits, backend_name: String, metrics: Arc<Metrics>) -> Arc<Pool> {
+    pub fn new(target_size: usize, limits: QueueLimits, cluster: String, metrics: Arc<Metrics>) -> Arc<Pool> {
+        Pool::with_base(0, target_size, limits, cluster, metrics)
+    }
+
+    /// Group number `group` (its slot ids start at `group * GROUP_SLOTS`).
+    pub fn with_base(
+        group: u32,
+        target_size: usize,
+        limits: QueueLimits,
+        cluster: String,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             inner: Mutex::new(Inner {
                 slots: BTreeMap::new(),
@@ -179,11 +249,161 @@ impl Pool {
                 target_size,
                 shutting_down: false,
                 next_generation: 1,
+                target: None,
+                hold: None,
+                unavailable: None,
             }),
             metrics,
-            backend_name,
+            cluster,
+            base: group * GROUP_SLOTS,
             reaper: Notify::new(),
+            target_tx: watch::channel(0).0,
+            passive: Mutex::new(None),
+            published: Default::default(),
+            published_depth: AtomicI64::new(0),
         })
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    /// Whether slot id `index` belongs to this group.
+    pub fn owns(&self, index: u32) -> bool {
+        index / GROUP_SLOTS == self.base / GROUP_SLOTS
+    }
+
+    pub fn set_passive_sink(&self, sink: PassiveSink) {
+        *self.passive.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    /// A worker of `index` (generation) could not open or lost its database session.
+    pub fn report_passive(&self, index: u32, generation: u64, why: &'static str) {
+        let member = {
+            let g = self.lock();
+            g.slots
+                .get(&index)
+                .filter(|s| s.generation == generation)
+                .and_then(|s| s.target.as_ref().map(|t| t.member.clone()))
+        };
+        let sink = self.passive.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let (Some(member), Some(sink)) = (member, sink) {
+            sink(&member, why);
+        }
+    }
+
+    /// Wakes on every change of target (a slot task waiting for one, or backing off).
+    pub fn target_changes(&self) -> watch::Receiver<u64> {
+        self.target_tx.subscribe()
+    }
+
+    /// Points the group at `member` with `settings`. A change of member or settings
+    /// retires every worker of the old target: idle ones at once, busy ones right after
+    /// their response, unregistered ones are killed; fresh ones connect to the new
+    /// target. Clears a hold.
+    pub fn set_target(self: &Arc<Self>, member: &str, settings: WorkerSettings) {
+        let mut g = self.lock();
+        g.hold = None;
+        g.unavailable = None;
+        let same = g
+            .target
+            .as_ref()
+            .is_some_and(|t| t.member == member && t.settings == settings);
+        if !same {
+            let epoch = g.target.as_ref().map_or(1, |t| t.epoch + 1);
+            tracing::info!(cluster = %self.cluster, member, epoch, "write slots re-targeted");
+            g.target = Some(Arc::new(Target {
+                member: member.to_owned(),
+                settings,
+                epoch,
+            }));
+            let stale: Vec<u32> = g
+                .slots
+                .iter()
+                .filter(|(_, s)| s.target.as_ref().is_none_or(|t| t.epoch != epoch))
+                .map(|(i, _)| *i)
+                .collect();
+            for index in stale {
+                self.retarget_slot(&mut g, index);
+            }
+            self.target_tx.send_replace(epoch);
+        }
+        self.pump(&mut g);
+        self.publish_states(&g);
+    }
+
+    /// Stops dispatching (requests wait, bounded by their queue deadline); in-flight
+    /// requests finish. `why` shows in status.
+    pub fn hold(&self, why: String) {
+        let mut g = self.lock();
+        g.hold = Some(why);
+        g.unavailable = None;
+    }
+
+    /// Fails waiting and new requests at once (`BACKEND_UNAVAILABLE`, not dispatched)
+    /// until a target is set again.
+    pub fn set_unavailable(&self, why: String) {
+        let mut g = self.lock();
+        g.hold = Some(why.clone());
+        let waiting: Vec<Job> = g.queue.drain();
+        self.set_depth(&g);
+        g.unavailable = Some(why.clone());
+        drop(g);
+        let why = format!("cluster {}: {why}", self.cluster);
+        fail_later(
+            waiting,
+            self.metrics.clone(),
+            "unavailable",
+            ErrorCode::BackendUnavailable,
+            why,
+        );
+    }
+
+    /// Requests running on this group's workers now.
+    pub fn busy_count(&self) -> usize {
+        self.lock()
+            .slots
+            .values()
+            .filter(|s| s.state == SlotState::Busy)
+            .count()
+    }
+
+    /// The worker settings a registering worker of `index` gets: those of the target
+    /// it was spawned for.
+    pub fn settings_for(&self, index: u32, generation: u64) -> Option<WorkerSettings> {
+        let g = self.lock();
+        g.slots
+            .get(&index)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.target.as_ref().map(|t| t.settings.clone()))
+    }
+
+    fn retarget_slot(self: &Arc<Self>, g: &mut Inner, index: u32) {
+        let Some(slot) = g.slots.get_mut(&index) else { return };
+        match slot.state {
+            SlotState::Idle => {
+                slot.state = SlotState::Quitting;
+                if let Some(link) = &slot.link {
+                    link.quit.cancel();
+                }
+                let generation = slot.generation;
+                g.idle.retain(|&(i, _)| i != index);
+                self.arm_quit_deadline(index, generation);
+            }
+            SlotState::Busy => slot.quit_pending = true,
+            // Not registered: no request can be on its way to it. A slot waiting for a
+            // target or backing off has no process (no pid) and wakes on the new epoch.
+            SlotState::Starting => {
+                if slot.pid.is_some() {
+                    let _ = slot.kill.send("re-targeted before registration");
+                }
+            }
+            SlotState::Quitting => {}
+        }
+    }
+
+    fn dispatching(g: &Inner) -> bool {
+        g.hold.is_none() && g.target.is_some()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -216,8 +436,11 @@ impl Pool {
         if g.shutting_down {
             return Err((job, SubmitError::ShuttingDown));
         }
+        if g.unavailable.is_some() {
+            return Err((job, SubmitError::Unavailable));
+        }
         // Saturated (no idle worker) is the hot path here: straight to the queue.
-        let runnable = if g.idle.is_empty() {
+        let runnable = if g.idle.is_empty() || !Pool::dispatching(&g) {
             None
         } else {
             g.queue.may_run_now(job.conn())
@@ -240,11 +463,16 @@ impl Pool {
             };
             return Err((job, e));
         }
-        self.metrics.queue_depth.set(g.queue.len() as i64);
+        self.set_depth(&g);
         if was_empty {
             self.reaper.notify_one();
         }
         Ok(())
+    }
+
+    /// Why requests fail at once, if they do.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        self.lock().unavailable.clone()
     }
 
     /// A link could not deliver `job` (its worker vanished first): another worker
@@ -261,7 +489,7 @@ impl Pool {
             return Err((job, SubmitError::Cancelled));
         }
         g.queue.push_front(job);
-        self.metrics.queue_depth.set(g.queue.len() as i64);
+        self.set_depth(&g);
         self.pump(&mut g);
         self.reaper.notify_one();
         Ok(())
@@ -294,7 +522,7 @@ impl Pool {
     /// Hands waiting jobs that may be served to idle workers, after something let a
     /// connection or token have one more worker (the pool's invariant).
     fn pump(&self, g: &mut Inner) {
-        if g.idle.is_empty() || !g.queue.servable() {
+        if g.idle.is_empty() || !g.queue.servable() || !Pool::dispatching(g) {
             return;
         }
         while !g.idle.is_empty() {
@@ -304,7 +532,7 @@ impl Pool {
                 break;
             }
         }
-        self.metrics.queue_depth.set(g.queue.len() as i64);
+        self.set_depth(g);
     }
 
     /// The worker of a slot is free or gone: its holder may have another one.
@@ -351,7 +579,7 @@ impl Pool {
                     if let Some(h) = g.slots.get_mut(&index).and_then(|s| s.holder.take()) {
                         g.queue.unpick(e.into_inner(), h);
                     }
-                    self.metrics.queue_depth.set(g.queue.len() as i64);
+                    self.set_depth(g);
                 }
             }
             Next::Idle | Next::Gone => {}
@@ -362,19 +590,22 @@ impl Pool {
     /// retire, the next waiting job in turn, or the idle stack. Sets the slot's state.
     fn next_for(self: &Arc<Self>, g: &mut Inner, index: u32) -> Next {
         let shutting_down = g.shutting_down;
+        let current = g.target.as_ref().map(|t| t.epoch);
+        let dispatching = Pool::dispatching(g);
         let Some(slot) = g.slots.get_mut(&index) else {
             return Next::Gone;
         };
         let (generation, before) = (slot.generation, slot.state);
-        let next = if slot.quit_pending || slot.retiring || shutting_down {
+        let stale = slot.target.as_ref().map(|t| t.epoch) != current;
+        let next = if slot.quit_pending || slot.retiring || shutting_down || stale {
             slot.state = SlotState::Quitting;
             slot.quit_pending = false;
             self.arm_quit_deadline(index, generation);
             Next::Quit
-        } else if let Some((job, holder)) = g.queue.pick() {
+        } else if let Some((job, holder)) = dispatching.then(|| g.queue.pick()).flatten() {
             slot.state = SlotState::Busy;
             slot.holder = Some(holder);
-            self.metrics.queue_depth.set(g.queue.len() as i64);
+            self.set_depth(g);
             Next::Job(job)
         } else {
             slot.state = SlotState::Idle;
@@ -392,7 +623,7 @@ impl Pool {
     pub fn take_waiting(&self, conn: u64, stream: u32) -> Option<Job> {
         let mut g = self.lock();
         let job = g.queue.take(conn, stream);
-        self.metrics.queue_depth.set(g.queue.len() as i64);
+        self.set_depth(&g);
         job
     }
 
@@ -401,7 +632,7 @@ impl Pool {
         let mut g = self.lock();
         let jobs = g.queue.take_conn(conn);
         if !jobs.is_empty() {
-            self.metrics.queue_depth.set(g.queue.len() as i64);
+            self.set_depth(&g);
         }
         jobs
     }
@@ -413,7 +644,7 @@ impl Pool {
                 let mut g = self.lock();
                 let expired = g.queue.expire(Instant::now());
                 if !expired.is_empty() {
-                    self.metrics.queue_depth.set(g.queue.len() as i64);
+                    self.set_depth(&g);
                 }
                 (expired, g.queue.next_deadline())
             };
@@ -442,6 +673,7 @@ impl Pool {
         let mut g = self.lock();
         let generation = g.next_generation;
         g.next_generation += 1;
+        let target = g.target.clone();
         g.slots.insert(
             index,
             Slot {
@@ -456,25 +688,30 @@ impl Pool {
                 retiring: false,
                 holder: None,
                 kill,
+                target,
             },
         );
         self.publish_states(&g);
         generation
     }
 
-    /// A new process is being started in `index`; returns its generation.
-    /// None: the slot is retiring or the pool shutting down; it is removed.
-    pub fn begin_spawn(&self, index: u32) -> Option<u64> {
+    /// A new process is being started in `index`: its generation, or why not.
+    pub fn begin_spawn(&self, index: u32) -> Spawn {
         let mut g = self.lock();
         self.release_slot(&mut g, index);
         if g.shutting_down || g.slots.get(&index).is_some_and(|s| s.retiring) {
             g.slots.remove(&index);
             self.publish_states(&g);
-            return None;
+            return Spawn::Gone;
         }
+        let Some(target) = g.target.clone() else {
+            return Spawn::NoTarget;
+        };
         let generation = g.next_generation;
         g.next_generation += 1;
-        let slot = g.slots.get_mut(&index)?;
+        let Some(slot) = g.slots.get_mut(&index) else {
+            return Spawn::Gone;
+        };
         slot.generation = generation;
         slot.state = SlotState::Starting;
         slot.pid = None;
@@ -483,8 +720,9 @@ impl Pool {
         slot.requests = 0;
         slot.quit_pending = false;
         slot.started = Instant::now();
+        slot.target = Some(target);
         self.publish_states(&g);
-        Some(generation)
+        Spawn::Go(generation)
     }
 
     pub fn set_pid(&self, index: u32, generation: u64, pid: u32) {
@@ -670,7 +908,7 @@ impl Pool {
         let active: Vec<u32> = g.slots.iter().filter(|(_, s)| !s.retiring).map(|(i, _)| *i).collect();
         let mut created = Vec::new();
         if active.len() < size {
-            let mut index = 0u32;
+            let mut index = self.base;
             while active.len() + created.len() < size {
                 if !g.slots.contains_key(&index) {
                     created.push(index);
@@ -734,7 +972,7 @@ impl Pool {
         let mut g = self.lock();
         g.shutting_down = true;
         let waiting: Vec<Job> = g.queue.drain();
-        self.metrics.queue_depth.set(0);
+        self.set_depth(&g);
         fail_later(
             waiting,
             self.metrics.clone(),
@@ -771,6 +1009,10 @@ impl Pool {
         let q: QueueFigures = g.queue.figures();
         let limits = g.queue.limits();
         let pool = PoolView {
+            cluster: self.cluster.clone(),
+            member: g.target.as_ref().map(|t| t.member.clone()),
+            hold: g.hold.clone(),
+            unavailable: g.unavailable.clone(),
             size: g.target_size,
             slots: g.slots.len(),
             idle: count(SlotState::Idle),
@@ -798,7 +1040,8 @@ impl Pool {
                 state: s.state,
                 requests: s.requests,
                 age_s: s.started.elapsed().as_secs_f64(),
-                backend: self.backend_name.clone(),
+                backend: s.target.as_ref().map_or_else(String::new, |t| t.member.clone()),
+                cluster: self.cluster.clone(),
                 db_connection_id: s.db_connection_id,
                 retiring: s.retiring,
             })
@@ -806,15 +1049,31 @@ impl Pool {
         (pool, slots)
     }
 
+    /// The gauges are shared by every group: each adds what changed in its own counts.
     fn publish_states(&self, g: &Inner) {
-        for st in [
+        for (i, st) in [
             SlotState::Starting,
             SlotState::Idle,
             SlotState::Busy,
             SlotState::Quitting,
-        ] {
-            let n = g.slots.values().filter(|s| s.state == st).count();
-            self.metrics.slot_state(st).set(n as i64);
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let n = g.slots.values().filter(|s| s.state == st).count() as i64;
+            // Under the pool's lock: the swap and the add cannot interleave with another.
+            let delta = n - self.published[i].swap(n, Ordering::Relaxed);
+            if delta != 0 {
+                self.metrics.slot_state(st).inc_by(delta);
+            }
+        }
+    }
+
+    fn set_depth(&self, g: &Inner) {
+        let n = g.queue.len() as i64;
+        let delta = n - self.published_depth.swap(n, Ordering::Relaxed);
+        if delta != 0 {
+            self.metrics.queue_depth.inc_by(delta);
         }
     }
 }
@@ -837,9 +1096,30 @@ mod tests {
 
     /// A pool of `workers` registered workers (fake links) and `conns` client
     /// connections; connection `i` authenticated with token `tenants[i]` (0 if absent).
+    fn settings(member: &str) -> WorkerSettings {
+        WorkerSettings {
+            backend: osprey_protocol::Backend {
+                name: member.into(),
+                host: "127.0.0.1".into(),
+                port: 3306,
+                user: "u".into(),
+                password: String::new(),
+                database: None,
+            },
+            max_requests: 0,
+            max_age_ms: 0,
+            batch_rows: 1,
+            batch_bytes: 1,
+            connect_timeout_ms: 1,
+            session_reset: Default::default(),
+            backend_tls: None,
+        }
+    }
+
     fn fixture(workers: u32, conns: u64, tenants: &[u32], limits: QueueLimits) -> Fixture {
         let metrics = Arc::new(Metrics::new());
         let pool = Pool::new(workers as usize, limits, "test".into(), metrics.clone());
+        pool.set_target("m", settings("m"));
         let mut links = Vec::new();
         for index in 0..workers {
             let (kill, _) = mpsc::unbounded_channel();
@@ -1057,7 +1337,9 @@ mod tests {
         f.pool.link_lost(0, f.links[0].0, "test", false);
         assert!(f.pool.requeue(first).is_ok());
         assert_eq!(f.pool.queue_depth(), 3);
-        let generation = f.pool.begin_spawn(0).expect("respawn");
+        let Spawn::Go(generation) = f.pool.begin_spawn(0) else {
+            panic!("respawn")
+        };
         let (jobs, rx) = mpsc::channel(LINK_JOBS);
         f.links[0] = (generation, rx);
         let link = WorkerLink {

@@ -57,17 +57,18 @@ pub fn fail_later(
     metrics: Arc<Metrics>,
     outcome: &'static str,
     code: ErrorCode,
-    message: &'static str,
+    message: impl Into<std::borrow::Cow<'static, str>>,
 ) {
     if jobs.is_empty() {
         return;
     }
+    let message: Arc<str> = Arc::from(message.into().as_ref());
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             // One task each: a client that does not read must not hold up the others.
             for job in jobs {
-                let metrics = metrics.clone();
-                runtime.spawn(async move { job.fail(&metrics, outcome, code, message).await });
+                let (metrics, message) = (metrics.clone(), message.clone());
+                runtime.spawn(async move { job.fail(&metrics, outcome, code, &message).await });
             }
         }
         // No runtime (tests, teardown): the guards' Drop still answers.

@@ -18,7 +18,7 @@ use tracing::{info, warn, Instrument};
 
 use crate::ctx::{constant_time_eq, Ctx};
 use crate::pool::relay::{Reader, Relay, Writer};
-use crate::pool::{WorkerLink, LINK_JOBS};
+use crate::pool::{Pool, WorkerLink, LINK_JOBS};
 
 #[derive(Debug, thiserror::Error)]
 enum RegisterError {
@@ -41,7 +41,7 @@ pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
     let codec = FrameCodec::new(ctx.config.limits.max_payload);
     let mut reader = FramedRead::new(rd, codec.clone());
     let mut writer = FramedWrite::new(wr, codec);
-    let (slot, generation, ready) = match register(&ctx, &mut reader, &mut writer, peer_pid).await {
+    let (pool, slot, generation, ready) = match register(&ctx, &mut reader, &mut writer, peer_pid).await {
         Ok(r) => r,
         Err(e) => {
             warn!(peer_pid, "worker registration failed: {e}");
@@ -61,10 +61,18 @@ pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
             jobs: jobs_tx,
             quit: quit.clone(),
         };
-        if ctx.pool.worker_ready(slot, generation, link, ready.db_connection_id) {
-            Relay::new(ctx.clone(), (slot, generation), reader, writer, jobs, quit)
-                .run()
-                .await;
+        if pool.worker_ready(slot, generation, link, ready.db_connection_id) {
+            Relay::new(
+                ctx.clone(),
+                pool.clone(),
+                (slot, generation),
+                reader,
+                writer,
+                jobs,
+                quit,
+            )
+            .run()
+            .await;
         }
     }
     .instrument(span)
@@ -76,7 +84,7 @@ async fn register(
     reader: &mut Reader,
     writer: &mut Writer,
     peer_pid: Option<u32>,
-) -> Result<(u32, u64, Ready), RegisterError> {
+) -> Result<(Arc<Pool>, u32, u64, Ready), RegisterError> {
     let deadline = Duration::from_millis(ctx.config.pool.register_timeout_ms);
     let first = timeout(deadline, reader.next())
         .await
@@ -106,10 +114,12 @@ async fn register(
         .slot
         .ok_or_else(|| RegisterError::Refused("HELLO without slot".into()))?;
     // The kernel's word on who connected (SO_PEERCRED) must match the process we spawned.
-    let (generation, pid) = ctx
-        .pool
-        .expected_registration(slot)
-        .ok_or_else(|| RegisterError::Refused(format!("slot {slot} is not waiting for a worker")))?;
+    let not_waiting = || RegisterError::Refused(format!("slot {slot} is not waiting for a worker"));
+    let pool = ctx.group_of_slot(slot).ok_or_else(not_waiting)?.clone();
+    let (generation, pid) = pool.expected_registration(slot).ok_or_else(not_waiting)?;
+    // The settings of the member the slot was spawned for (it may have been re-targeted
+    // since: the pool then retires this worker as soon as it is ready).
+    let settings = pool.settings_for(slot, generation).ok_or_else(not_waiting)?;
     if peer_pid != Some(pid) {
         return Err(RegisterError::Refused(format!(
             "slot {slot} expects pid {pid}, connection is from {peer_pid:?}"
@@ -123,18 +133,18 @@ async fn register(
         max_payload: ctx.config.limits.max_payload as u32,
         max_streams: 1,
         keepalive_interval_ms: ctx.config.timeouts.keepalive_interval_ms,
-        worker: Some(ctx.worker_settings.clone()),
+        worker: Some(settings.clone()),
         stream_window: 0,
     };
     writer.send(Frame::new(Kind::HelloAck, 0, &ack)).await?;
-    let connect_budget = deadline + Duration::from_millis(ctx.worker_settings.connect_timeout_ms);
+    let connect_budget = deadline + Duration::from_millis(settings.connect_timeout_ms);
     loop {
         let frame = timeout(connect_budget, reader.next())
             .await
             .map_err(|_| RegisterError::Timeout)?;
         let frame = frame.ok_or(RegisterError::Closed)??;
         match frame.kind {
-            Kind::Ready => return Ok((slot, generation, frame.body()?)),
+            Kind::Ready => return Ok((pool, slot, generation, frame.body()?)),
             Kind::Error => {
                 let body: ErrorBody = frame.body()?;
                 return Err(RegisterError::Backend(body.message));

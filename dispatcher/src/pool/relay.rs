@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::client::streams::StreamGuard;
 use crate::ctx::Ctx;
 use crate::pool::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
-use crate::pool::{Next, SubmitError};
+use crate::pool::{Next, Pool, SubmitError};
 
 pub type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
 pub type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
@@ -97,6 +97,8 @@ enum GiveUp {
 
 pub struct Relay {
     ctx: Arc<Ctx>,
+    /// The slot group the worker belongs to.
+    pool: Arc<Pool>,
     slot: u32,
     generation: u64,
     reader: Reader,
@@ -112,6 +114,7 @@ pub struct Relay {
 impl Relay {
     pub fn new(
         ctx: Arc<Ctx>,
+        pool: Arc<Pool>,
         (slot, generation): (u32, u64),
         reader: Reader,
         writer: Writer,
@@ -123,6 +126,7 @@ impl Relay {
         tick.reset();
         Relay {
             ctx,
+            pool,
             slot,
             generation,
             reader,
@@ -144,7 +148,7 @@ impl Relay {
         debug!("worker link ended: {why}");
         let ctx = self.ctx.clone();
         let exiting = why == WORKER_CLOSED || why == WORKER_FATAL;
-        ctx.pool.link_lost(self.slot, self.generation, why, exiting);
+        self.pool.link_lost(self.slot, self.generation, why, exiting);
         if let Some(cur) = current.take() {
             ctx.metrics.outcome("worker_lost");
             warn!(slot = self.slot, "worker link lost mid-request: {why}");
@@ -170,7 +174,7 @@ impl Relay {
         // never reached the worker: another worker gets it.
         self.jobs.close();
         while let Ok(job) = self.jobs.try_recv() {
-            give_back(&ctx, job);
+            give_back(&ctx, &self.pool, job);
         }
     }
 
@@ -207,7 +211,7 @@ impl Relay {
                             slot = self.slot, conn = dr.conn, stream = dr.stream,
                             "cancelled statement still running at its hard bound; killing the worker"
                         );
-                        ctx.pool.kill(self.slot, self.generation, "cancelled statement did not end");
+                        self.pool.kill(self.slot, self.generation, "cancelled statement did not end");
                         return Err("cancelled statement did not end");
                     }
                     let cur = current.take().expect("busy");
@@ -222,12 +226,12 @@ impl Relay {
                         (ErrorCode::RequestTimeout, "request_timeout passed; the worker was killed")
                     };
                     warn!(slot = self.slot, conn = cur.guard.shared().id, stream = cur.guard.stream(), "{msg}");
-                    ctx.pool.kill(self.slot, self.generation, "request timeout");
+                    self.pool.kill(self.slot, self.generation, "request timeout");
                     tokio::spawn(cur.guard.fail(ErrorBody::undispatched(Origin::Dispatcher, code, msg)));
                     return Err("request timeout");
                 }
                 _ = ctx.abort.cancelled(), if busy => {
-                    ctx.pool.kill(self.slot, self.generation, "dispatcher shutdown");
+                    self.pool.kill(self.slot, self.generation, "dispatcher shutdown");
                     let Some(cur) = current.take() else {
                         // Draining: its stream was answered already.
                         return Err("dispatcher shutdown");
@@ -332,7 +336,7 @@ impl Relay {
                         }
                         Kind::QuitRequest => {
                             debug!("worker asks to retire");
-                            ctx.pool.quit_requested(self.slot, self.generation);
+                            self.pool.quit_requested(self.slot, self.generation);
                         }
                         _ => return Err("unexpected frame kind from worker"),
                     }
@@ -345,7 +349,7 @@ impl Relay {
                             slot = self.slot, conn = dr.conn, stream = dr.stream,
                             "worker answered no PING within cancel_grace_ms while its cancelled statement drained; killing it"
                         );
-                        ctx.pool.kill(self.slot, self.generation, "worker hung after CANCEL");
+                        self.pool.kill(self.slot, self.generation, "worker hung after CANCEL");
                         return Err("worker hung after CANCEL");
                     }
                     self.ping().await?;
@@ -409,7 +413,7 @@ impl Relay {
         if !matches!(sent, Ok(Ok(()))) {
             // It may be mid-way into the socket, but a worker reads a REQUEST
             // whole before it acts: the link closes now, so it never ran.
-            give_back(ctx, job);
+            give_back(ctx, &self.pool, job);
             return Err(match sent {
                 Err(_) => "worker does not read",
                 // The worker closed its end: it is exiting; let it (exit status kept).
@@ -444,7 +448,7 @@ impl Relay {
     /// After a request: the next queued job, idle, or QUIT_NOW. Ok(true): QUIT_NOW sent.
     async fn advance(&mut self, current: &mut Option<Current>, mut served: bool) -> Result<bool, &'static str> {
         loop {
-            match self.ctx.pool.next_job(self.slot, self.generation, served) {
+            match self.pool.next_job(self.slot, self.generation, served) {
                 Next::Job(job) => {
                     if self.start(current, job).await? {
                         return Ok(false);
@@ -712,7 +716,7 @@ impl Relay {
 }
 
 /// Hands a job that never reached its worker to another one.
-fn give_back(ctx: &Ctx, mut job: Job) {
+fn give_back(ctx: &Ctx, pool: &Arc<Pool>, mut job: Job) {
     job.attempts += 1;
     let failed = if job.attempts >= MAX_DISPATCH_ATTEMPTS {
         Some((
@@ -722,7 +726,7 @@ fn give_back(ctx: &Ctx, mut job: Job) {
             "workers kept vanishing before dispatch",
         ))
     } else {
-        match ctx.pool.requeue(job) {
+        match pool.requeue(job) {
             Ok(()) => None,
             Err((job, SubmitError::Cancelled)) => Some((
                 job,

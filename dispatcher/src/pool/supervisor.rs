@@ -16,6 +16,7 @@ use tokio::time::{sleep, Instant};
 use tracing::{error, info, warn, Instrument};
 
 use crate::ctx::Ctx;
+use crate::pool::{Pool, Spawn};
 
 /// Worker exit codes (see the worker's crate docs).
 const EXIT_FATAL_DB: i32 = 2;
@@ -42,19 +43,33 @@ impl Supervisor {
 
     /// Sets the number of slots: starts tasks for new slots; extra slots retire
     /// through the quit handshake (their tasks end when the process exits).
+    /// Sets the number of write slots of every cluster.
     pub fn resize(self: &Arc<Self>, size: usize) {
+        for pool in self.ctx.groups.clone() {
+            self.resize_group(&pool, size);
+        }
+    }
+
+    /// Sets the number of slots of one group: starts tasks for new slots; extra slots
+    /// retire through the quit handshake (their tasks end when the process exits).
+    pub fn resize_group(self: &Arc<Self>, pool: &Arc<Pool>, size: usize) {
         // Held across choosing the new indices and registering them, so that two
         // resizes (admin, SIGHUP, elastic loop) cannot pick the same free index.
         let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        let created = self.ctx.pool.resize(size);
-        info!(size, new_slots = created.len(), "pool resized");
+        let created = pool.resize(size);
+        info!(
+            cluster = pool.cluster(),
+            size,
+            new_slots = created.len(),
+            "pool resized"
+        );
         for index in created {
             let (kill_tx, kill_rx) = mpsc::unbounded_channel();
-            self.ctx.pool.add_slot(index, kill_tx);
+            pool.add_slot(index, kill_tx);
             let sup = self.clone();
-            tasks.spawn(
-                async move { sup.run_slot(index, kill_rx).await }.instrument(tracing::info_span!("slot", slot = index)),
-            );
+            let pool = pool.clone();
+            let span = tracing::info_span!("slot", cluster = pool.cluster(), slot = index);
+            tasks.spawn(async move { sup.run_slot(pool, index, kill_rx).await }.instrument(span));
         }
     }
 
@@ -82,29 +97,44 @@ impl Supervisor {
         self.tasks.lock().unwrap_or_else(|e| e.into_inner()).abort_all();
     }
 
-    async fn run_slot(self: Arc<Self>, index: u32, mut kill_rx: mpsc::UnboundedReceiver<&'static str>) {
+    async fn run_slot(
+        self: Arc<Self>,
+        pool: Arc<Pool>,
+        index: u32,
+        mut kill_rx: mpsc::UnboundedReceiver<&'static str>,
+    ) {
         let cfg = &self.ctx.config.pool;
         let min_backoff = Duration::from_millis(cfg.respawn_backoff_min_ms);
         let max_backoff = Duration::from_millis(cfg.respawn_backoff_max_ms);
         let mut backoff = min_backoff;
         let mut first = true;
+        let mut target = pool.target_changes();
         loop {
             // Kill requests aimed at the previous process are stale now (drained before
             // the new generation exists, so a kill for the new one cannot be lost).
             while kill_rx.try_recv().is_ok() {}
-            let Some(generation) = self.ctx.pool.begin_spawn(index) else {
-                return;
+            target.borrow_and_update();
+            let generation = match pool.begin_spawn(index) {
+                Spawn::Go(generation) => generation,
+                Spawn::Gone => return,
+                Spawn::NoTarget => {
+                    tokio::select! {
+                        _ = target.changed() => {}
+                        _ = self.ctx.draining.cancelled() => return,
+                    }
+                    continue;
+                }
             };
             if !first {
                 self.ctx.metrics.respawns.inc();
             }
             first = false;
             let started = Instant::now();
-            let status = match self.spawn(index, generation).await {
+            let status = match self.spawn(&pool, index, generation).await {
                 Ok(child) => {
                     let pid = child.id().unwrap_or(0);
                     info!(pid, generation, "worker started");
-                    self.watch(child, index, generation, &mut kill_rx).await
+                    self.watch(&pool, child, index, generation, &mut kill_rx).await
                 }
                 Err(e) => {
                     error!("cannot start worker {}: {e}", self.worker_binary.display());
@@ -114,8 +144,12 @@ impl Supervisor {
             let code = status.and_then(|s| s.code());
             if code == Some(EXIT_FATAL_DB) {
                 self.ctx.metrics.fatal_exits.inc();
+                pool.report_passive(index, generation, "a worker lost its database session");
             }
-            if !self.ctx.pool.process_exited(index, generation) {
+            if code == Some(EXIT_BACKEND_UNAVAILABLE) {
+                pool.report_passive(index, generation, "a worker could not open its database session");
+            }
+            if !pool.process_exited(index, generation) {
                 info!(?status, "slot retired");
                 return;
             }
@@ -126,11 +160,18 @@ impl Supervisor {
                     backoff_ms = backoff.as_millis() as u64,
                     "worker crash-looping; backing off"
                 );
-                tokio::select! {
-                    _ = sleep(backoff) => {}
-                    _ = self.ctx.draining.cancelled() => {}
-                }
-                backoff = (backoff * 2).min(max_backoff);
+                // A new target (failover, switchover) ends the back-off: the new
+                // member is likely up, and writes are waiting for these workers.
+                let retargeted = tokio::select! {
+                    _ = sleep(backoff) => false,
+                    _ = self.ctx.draining.cancelled() => false,
+                    _ = target.changed() => true,
+                };
+                backoff = if retargeted {
+                    min_backoff
+                } else {
+                    (backoff * 2).min(max_backoff)
+                };
             } else {
                 if crashed {
                     warn!(?status, "worker exited abnormally; respawning");
@@ -143,7 +184,7 @@ impl Supervisor {
     /// Starts the worker process of `index` and records its pid in the pool *before*
     /// handing it the secret: the worker can register as soon as it has the secret, and
     /// its registration is checked against that pid.
-    async fn spawn(&self, index: u32, generation: u64) -> std::io::Result<Child> {
+    async fn spawn(&self, pool: &Pool, index: u32, generation: u64) -> std::io::Result<Child> {
         let mut cmd = Command::new(&self.worker_binary);
         cmd.arg("--socket")
             .arg(&self.socket_path)
@@ -171,7 +212,7 @@ impl Supervisor {
             });
         }
         let mut child = cmd.spawn()?;
-        self.ctx.pool.set_pid(index, generation, child.id().unwrap_or(0));
+        pool.set_pid(index, generation, child.id().unwrap_or(0));
         // The secret goes over a pipe: not visible in ps or /proc/PID/environ.
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(self.ctx.secret.as_bytes()).await?;
@@ -182,13 +223,15 @@ impl Supervisor {
 
     async fn watch(
         &self,
+        pool: &Pool,
         mut child: Child,
         index: u32,
         generation: u64,
         kill_rx: &mut mpsc::UnboundedReceiver<&'static str>,
     ) -> Option<ExitStatus> {
         // The same budget the worker link allows: register, then open the database session.
-        let budget = self.ctx.config.pool.register_timeout_ms + self.ctx.worker_settings.connect_timeout_ms;
+        let connect = pool.settings_for(index, generation).map_or(0, |s| s.connect_timeout_ms);
+        let budget = self.ctx.config.pool.register_timeout_ms + connect;
         let register_deadline = Instant::now() + Duration::from_millis(budget);
         let mut checking_registration = true;
         loop {
@@ -200,7 +243,7 @@ impl Supervisor {
                 }
                 _ = tokio::time::sleep_until(register_deadline), if checking_registration => {
                     checking_registration = false;
-                    if !self.ctx.pool.is_ready(index, generation) {
+                    if !pool.is_ready(index, generation) {
                         warn!(pid = child.id(), "worker did not register in time; killing it");
                         let _ = child.start_kill();
                     }
@@ -216,26 +259,29 @@ impl Supervisor {
         };
         let shrink_after = Duration::from_secs(self.ctx.config.pool.shrink_after_s.max(1));
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut idle_since: Option<Instant> = None;
+        let groups = self.ctx.groups.clone();
+        let mut idle_since: Vec<Option<Instant>> = vec![None; groups.len()];
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = self.ctx.draining.cancelled() => return,
             }
-            let size = self.ctx.pool.target_size();
-            if self.ctx.pool.queue_depth() > 0 {
-                idle_since = None;
-                if size < max {
-                    self.resize(size + 1);
+            for (pool, idle_since) in groups.iter().zip(idle_since.iter_mut()) {
+                let size = pool.target_size();
+                if pool.queue_depth() > 0 {
+                    *idle_since = None;
+                    if size < max {
+                        self.resize_group(pool, size + 1);
+                    }
+                } else if pool.idle_count() > 0 && size > min {
+                    let since = *idle_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= shrink_after {
+                        self.resize_group(pool, size - 1);
+                        *idle_since = Some(Instant::now());
+                    }
+                } else {
+                    *idle_since = None;
                 }
-            } else if self.ctx.pool.idle_count() > 0 && size > min {
-                let since = *idle_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= shrink_after {
-                    self.resize(size - 1);
-                    idle_since = Some(Instant::now());
-                }
-            } else {
-                idle_since = None;
             }
         }
     }

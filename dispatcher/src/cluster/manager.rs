@@ -1,0 +1,320 @@
+//! One cluster at run time: its members' monitors, its topology provider, and the
+//! task that keeps the write slots pointed at the provider's primary.
+//!
+//! The follower decides, from the provider's view, the members' health and ops'
+//! maintenance marks, what the write slots do:
+//! - the primary is up and not in maintenance: slots target it (a change of primary
+//!   re-targets them: idle workers quit at once, busy ones after their response);
+//! - the primary is down, a switch is running, or the primary is in maintenance:
+//!   slots hold — requests wait in the queue (bounded by `queue_timeout_ms`), so the
+//!   application sees latency, not errors, for what never reached the dead primary;
+//! - every member is down: requests fail at once (`BACKEND_UNAVAILABLE`, not
+//!   dispatched) until one comes back.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use osprey_protocol::{Backend, BackendTls, SslMode, WorkerSettings};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, Instrument};
+
+use crate::cluster::config::{ClusterConfig, MemberConfig};
+use crate::cluster::events::EventLog;
+use crate::cluster::view::{
+    ClusterStatus, ClusterView, Command, HealthState, MemberHealth, ProviderHandle, SwitchEvent,
+};
+use crate::config::Pool as PoolConfig;
+use crate::pool::{Pool, PoolView};
+
+/// A cluster's parts, as the admin API and SIGHUP reach them.
+pub struct ClusterRuntime {
+    pub name: String,
+    config: watch::Sender<Arc<ClusterConfig>>,
+    pool_config: PoolConfig,
+    /// Member name and its monitor's output, in configuration order.
+    pub health: Vec<(String, watch::Receiver<MemberHealth>)>,
+    pub provider: ProviderHandle,
+    pub pool: Arc<Pool>,
+    maintenance: Mutex<BTreeSet<String>>,
+    /// Wakes the follower (maintenance changed).
+    changed: Notify,
+}
+
+/// `GET /cluster`: one cluster.
+#[derive(Debug, Serialize)]
+pub struct ClusterReport {
+    #[serde(flatten)]
+    pub view: ClusterView,
+    /// Each member's health, by member name.
+    pub health: Vec<MemberHealthReport>,
+    /// The write slots.
+    pub write_pool: PoolView,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemberHealthReport {
+    pub member: String,
+    #[serde(flatten)]
+    pub health: MemberHealth,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cluster {0} has no member {1}")]
+    NoSuchMember(String, String),
+    #[error("the cluster's topology provider is not running")]
+    ProviderGone,
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl ClusterRuntime {
+    /// Starts the follower of `provider` for `pool`; `health` are the members' monitors.
+    pub fn start(
+        config: Arc<ClusterConfig>,
+        pool_config: PoolConfig,
+        health: Vec<(String, watch::Receiver<MemberHealth>)>,
+        provider: ProviderHandle,
+        pool: Arc<Pool>,
+        shutdown: CancellationToken,
+    ) -> Arc<ClusterRuntime> {
+        let rt = Arc::new(ClusterRuntime {
+            name: config.name.clone(),
+            config: watch::channel(config).0,
+            pool_config,
+            health,
+            provider,
+            pool,
+            maintenance: Mutex::new(BTreeSet::new()),
+            changed: Notify::new(),
+        });
+        let span = tracing::info_span!("cluster", cluster = %rt.name);
+        tokio::spawn(rt.clone().follow(shutdown).instrument(span));
+        rt
+    }
+
+    /// The cluster's settings; a SIGHUP sends new ones ([`ClusterRuntime::reconfigure`]).
+    pub fn config(&self) -> watch::Receiver<Arc<ClusterConfig>> {
+        self.config.subscribe()
+    }
+
+    pub fn reconfigure(&self, config: Arc<ClusterConfig>) {
+        self.config.send_replace(config);
+        self.changed.notify_one();
+    }
+
+    /// Keeps the write slots on the provider's primary, for as long as the dispatcher runs.
+    async fn follow(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut view = self.provider.view.clone();
+        let mut health: Vec<watch::Receiver<MemberHealth>> = self.health.iter().map(|(_, h)| h.clone()).collect();
+        let mut last = String::new();
+        loop {
+            let decision = self.decide(&view.borrow_and_update(), &mut health);
+            let text = format!("{decision:?}");
+            if text != last {
+                info!(decision = %text, "write slots");
+                last = text;
+            }
+            match decision {
+                Decision::Target(member, settings) => self.pool.set_target(&member, *settings),
+                Decision::Hold(why) => self.pool.hold(why),
+                Decision::Unavailable(why) => self.pool.set_unavailable(why),
+            }
+            tokio::select! {
+                r = view.changed() => if r.is_err() { return },
+                _ = any_changed(&mut health) => {}
+                _ = self.changed.notified() => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    fn decide(&self, view: &ClusterView, health: &mut [watch::Receiver<MemberHealth>]) -> Decision {
+        let states: Vec<(String, HealthState)> = self
+            .health
+            .iter()
+            .zip(health.iter_mut())
+            .map(|((name, _), h)| (name.clone(), h.borrow_and_update().state))
+            .collect();
+        let state_of = |m: &str| states.iter().find(|(n, _)| n == m).map(|(_, s)| *s);
+        let config = self.config.borrow().clone();
+        let all_down = !states.is_empty() && states.iter().all(|(_, s)| *s == HealthState::Down);
+        if all_down {
+            return Decision::Unavailable(format!(
+                "every member is down ({})",
+                states.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        let Some(primary) = &view.primary else {
+            return Decision::Hold(match &view.status {
+                ClusterStatus::Starting => "finding the primary".into(),
+                ClusterStatus::Switching(s) => format!("switch in progress: {s}"),
+                ClusterStatus::Unreachable(s) => format!("primary unreachable: {s}"),
+                ClusterStatus::NoPrimary(s) => format!("no primary: {s}"),
+                ClusterStatus::Ok => "no primary".into(),
+            });
+        };
+        if self.in_maintenance(primary) {
+            return Decision::Hold(format!("primary {primary} is in maintenance"));
+        }
+        if state_of(primary) == Some(HealthState::Down) {
+            return Decision::Hold(format!("primary {primary} is down"));
+        }
+        match config.member(primary) {
+            Some(m) => Decision::Target(
+                primary.clone(),
+                Box::new(worker_settings(&config, m, &self.pool_config)),
+            ),
+            None => Decision::Hold(format!("primary {primary} is not a configured member")),
+        }
+    }
+
+    pub fn in_maintenance(&self, member: &str) -> bool {
+        self.maintenance
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(member)
+    }
+
+    /// Maintenance (like ProxySQL's OFFLINE_SOFT): the member takes no new requests;
+    /// those in flight finish. On the primary, writes wait until it ends or a switchover
+    /// moves the primary.
+    pub fn set_maintenance(&self, member: &str, on: bool) -> Result<(), ClusterError> {
+        if self.config.borrow().member(member).is_none() {
+            return Err(ClusterError::NoSuchMember(self.name.clone(), member.into()));
+        }
+        let mut m = self.maintenance.lock().unwrap_or_else(|e| e.into_inner());
+        if on {
+            m.insert(member.to_owned());
+        } else {
+            m.remove(member);
+        }
+        drop(m);
+        info!(member, on, "maintenance");
+        self.changed.notify_one();
+        Ok(())
+    }
+
+    /// Planned switchover to `to` (absent: the provider elects one).
+    pub async fn switchover(&self, to: Option<String>) -> Result<SwitchEvent, ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        self.provider
+            .commands
+            .send(Command::Switchover { to, reply })
+            .await
+            .map_err(|_| ClusterError::ProviderGone)?;
+        rx.await
+            .map_err(|_| ClusterError::ProviderGone)?
+            .map_err(ClusterError::Refused)
+    }
+
+    pub fn report(&self) -> ClusterReport {
+        let mut view = self.provider.view.borrow().clone();
+        for m in &mut view.members {
+            m.maintenance = self.in_maintenance(&m.name);
+        }
+        let (write_pool, _) = self.pool.view();
+        ClusterReport {
+            view,
+            health: self
+                .health
+                .iter()
+                .map(|(member, h)| MemberHealthReport {
+                    member: member.clone(),
+                    health: h.borrow().clone(),
+                })
+                .collect(),
+            write_pool,
+        }
+    }
+}
+
+/// Resolves when any of `health` changes (never, for none).
+async fn any_changed(health: &mut [watch::Receiver<MemberHealth>]) {
+    if health.is_empty() {
+        return std::future::pending().await;
+    }
+    let _ = futures::future::select_all(health.iter_mut().map(|h| Box::pin(h.changed()))).await;
+}
+
+#[derive(Debug)]
+enum Decision {
+    Target(String, Box<WorkerSettings>),
+    Hold(String),
+    Unavailable(String),
+}
+
+/// What a worker serving `member` is told at registration.
+pub fn worker_settings(cluster: &ClusterConfig, member: &MemberConfig, pool: &PoolConfig) -> WorkerSettings {
+    WorkerSettings {
+        backend: Backend {
+            name: member.name.clone(),
+            host: member.host.clone(),
+            port: member.port,
+            user: cluster.user.clone(),
+            password: cluster.password.clone(),
+            database: cluster.database.clone(),
+        },
+        max_requests: pool.max_requests,
+        max_age_ms: pool.max_age_s * 1000,
+        batch_rows: pool.batch_rows,
+        batch_bytes: pool.batch_bytes,
+        connect_timeout_ms: cluster.connect_timeout_ms,
+        session_reset: cluster.session_reset,
+        backend_tls: match cluster.ssl_mode {
+            SslMode::Disabled => None,
+            mode => Some(BackendTls {
+                mode,
+                ca_file: cluster.ssl_ca.as_ref().map(|p| p.display().to_string()),
+                server_name: cluster.ssl_server_name.clone(),
+            }),
+        },
+    }
+}
+
+/// The provider of a cluster whose one member is the primary by configuration
+/// (`[backend]`): nothing to discover and no one to promote. It publishes the member
+/// as primary and refuses switchovers.
+pub fn spawn_static(config: &ClusterConfig, events: Arc<EventLog>, shutdown: CancellationToken) -> ProviderHandle {
+    let _ = events;
+    let member = config.members[0].clone();
+    let view = ClusterView {
+        name: config.name.clone(),
+        topology: "single",
+        primary: Some(member.name.clone()),
+        status: ClusterStatus::Ok,
+        members: vec![crate::cluster::view::MemberView {
+            name: member.name.clone(),
+            addr: format!("{}:{}", member.host, member.port),
+            role: crate::cluster::view::Role::Primary,
+            ..Default::default()
+        }],
+        semi_sync: None,
+        lock_held: true,
+        lock_detail: Some("single member: no failover".into()),
+        epoch: 1,
+    };
+    let (view_tx, view_rx) = watch::channel(view);
+    let (commands, mut rx) = mpsc::channel::<Command>(8);
+    tokio::spawn(async move {
+        // Keeps the view alive, and answers commands, until shutdown.
+        let _view_tx = view_tx;
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(Command::Switchover { reply, .. }) => {
+                        let _ = reply.send(Err("a single [backend] has no replica to switch to".into()));
+                    }
+                    None => return,
+                },
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    });
+    ProviderHandle {
+        view: view_rx,
+        commands,
+    }
+}
