@@ -55,6 +55,9 @@ pub struct ClientConfig {
     /// `[listen.tls]` answers a plaintext client with `ERROR PROTOCOL_VIOLATION`
     /// "this port requires TLS".
     pub tls: Option<TlsConfig>,
+    /// The cluster requests run on when they name none (`None`, the default: the
+    /// dispatcher's first cluster).
+    pub cluster: Option<String>,
 }
 
 impl ClientConfig {
@@ -75,6 +78,7 @@ impl ClientConfig {
             stream_buffer: 16,
             max_waiting: 10_000,
             tls: None,
+            cluster: None,
         }
     }
 

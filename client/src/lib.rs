@@ -105,6 +105,8 @@ pub trait RequestExt: Sized {
     fn with_force_primary(self, yes: bool) -> Self;
     /// Per-request timeout (sent as `timeout_ms`, enforced locally too).
     fn with_timeout(self, timeout: Duration) -> Self;
+    /// The cluster to run on (default: [`ClientConfig::cluster`], else the dispatcher's first).
+    fn with_cluster(self, cluster: impl Into<String>) -> Self;
 }
 
 impl RequestExt for Request {
@@ -126,6 +128,10 @@ impl RequestExt for Request {
     }
     fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout_ms = (timeout.as_millis() as u64).max(1);
+        self
+    }
+    fn with_cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = Some(cluster.into());
         self
     }
 }

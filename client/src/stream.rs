@@ -131,7 +131,10 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    pub fn new(inner: Arc<Inner>, req: Request, restartable: bool) -> Call {
+    pub fn new(inner: Arc<Inner>, mut req: Request, restartable: bool) -> Call {
+        if req.cluster.is_none() {
+            req.cluster.clone_from(&inner.cfg.cluster);
+        }
         let timeout = match req.timeout_ms {
             0 => inner.cfg.request_timeout,
             ms => Some(Duration::from_millis(ms)),

@@ -49,6 +49,9 @@ struct Cli {
     /// PEM private key of --tls-cert.
     #[arg(long = "tls-key", global = true, env = "OSPREY_TLS_KEY", value_name = "FILE")]
     tls_key: Option<std::path::PathBuf>,
+    /// The cluster to run SQL on, or to show and operate (default: the dispatcher's first).
+    #[arg(long, global = true, env = "OSPREY_CLUSTER")]
+    cluster: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -80,6 +83,38 @@ enum Cmd {
     Pool {
         #[command(subcommand)]
         cmd: PoolCmd,
+    },
+    /// Clusters: members, health, switches; switchover and maintenance.
+    Cluster {
+        #[command(subcommand)]
+        cmd: Option<ClusterCmd>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Members, their role, health and replication positions (the default).
+    Status {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The last switches (failovers, switchovers, followed changes), oldest first.
+    Events {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Planned switchover: the primary goes read-only, TO catches up and is promoted;
+    /// writes wait meanwhile instead of failing.
+    Switchover {
+        /// The member to promote (default: the most advanced eligible replica).
+        to: Option<String>,
+    },
+    /// Maintenance of a member: no new requests (in-flight ones finish), or back.
+    Maintenance {
+        member: String,
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
     },
 }
 
@@ -145,6 +180,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             cfg.name = format!("osprey-cli[{}]", std::process::id());
             cfg.connection_wait = cfg.connect_timeout;
             cfg.request_timeout = timeout.map(Duration::from_secs_f64);
+            cfg.cluster = cli.cluster.clone();
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let result = rt.block_on(async move {
                 let client = Client::connect(cfg).await?;
@@ -195,7 +231,187 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Cluster { ref cmd } => cluster_cmd(&cli, cmd.as_ref()),
     }
+}
+
+fn cluster_cmd(cli: &Cli, cmd: Option<&ClusterCmd>) -> anyhow::Result<ExitCode> {
+    let token = admin_token(cli)?;
+    let query = cli
+        .cluster
+        .as_deref()
+        .map(|c| format!("?cluster={}", url_escape(c)))
+        .unwrap_or_default();
+    let (method, path, body, json) = match cmd.unwrap_or(&ClusterCmd::Status { json: false }) {
+        ClusterCmd::Status { json } => ("GET", format!("/cluster{query}"), None, *json),
+        ClusterCmd::Events { json } => ("GET", format!("/cluster/events{query}"), None, *json),
+        ClusterCmd::Switchover { to } => (
+            "POST",
+            "/cluster/switchover".into(),
+            Some(serde_json::json!({ "cluster": cli.cluster, "to": to })),
+            true,
+        ),
+        ClusterCmd::Maintenance { member, state } => (
+            "POST",
+            "/cluster/maintenance".into(),
+            Some(serde_json::json!({ "cluster": cli.cluster, "member": member, "on": state == "on" })),
+            true,
+        ),
+    };
+    let (code, text) = http(&cli.admin, method, &path, &token, body)?;
+    if !(200..300).contains(&code) {
+        eprintln!("admin API answered HTTP {code}: {}", text.trim());
+        return Ok(ExitCode::FAILURE);
+    }
+    if json {
+        println!("{}", text.trim());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    match cmd {
+        Some(ClusterCmd::Events { .. }) => print!("{}", render_events(&v)),
+        _ => print!("{}", render_clusters(&v)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn render_clusters(v: &serde_json::Value) -> String {
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "-".to_string(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut out = String::new();
+    for c in v["clusters"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "cluster {} ({}): primary {} | status {}{} | semi-sync {} | lock {}{}\n",
+            s(&c["name"]),
+            s(&c["topology"]),
+            s(&c["primary"]),
+            s(&c["status"]["status"]),
+            c["status"]["detail"]
+                .as_str()
+                .map(|d| format!(" ({d})"))
+                .unwrap_or_default(),
+            s(&c["semi_sync"]),
+            if c["lock_held"].as_bool() == Some(true) {
+                "held"
+            } else {
+                "not held"
+            },
+            c["lock_detail"].as_str().map(|d| format!(" ({d})")).unwrap_or_default(),
+        ));
+        let wp = &c["write_pool"];
+        out.push_str(&format!(
+            "write slots: member {} | idle {} busy {} starting {} | queue {}{}\n",
+            s(&wp["member"]),
+            s(&wp["idle"]),
+            s(&wp["busy"]),
+            s(&wp["starting"]),
+            s(&wp["queue_depth"]),
+            wp["hold"]
+                .as_str()
+                .map(|h| format!(" | holding: {h}"))
+                .unwrap_or_default(),
+        ));
+        let header: Vec<String> = [
+            "member",
+            "addr",
+            "role",
+            "health",
+            "fails",
+            "read_only",
+            "gtid applied",
+            "from",
+            "maint",
+            "reason",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let health = c["health"].as_array().cloned().unwrap_or_default();
+        let rows: Vec<Vec<String>> = c["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                let h = health.iter().find(|h| h["member"] == m["name"]);
+                vec![
+                    s(&m["name"]),
+                    s(&m["addr"]),
+                    s(&m["role"]),
+                    h.map_or("-".into(), |h| s(&h["state"])),
+                    h.map_or("-".into(), |h| {
+                        format!("{}/{}", s(&h["failures_in_window"]), s(&h["fail_threshold"]))
+                    }),
+                    s(&m["read_only"]),
+                    s(&m["gtid_applied"]),
+                    s(&m["replicates_from"]),
+                    if m["maintenance"].as_bool() == Some(true) {
+                        "yes".into()
+                    } else {
+                        "-".into()
+                    },
+                    s(&m["reason"]),
+                ]
+            })
+            .collect();
+        out.push_str(&render_table(&header, &rows));
+        out.push('\n');
+    }
+    out
+}
+
+fn render_events(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    for e in v["events"].as_array().into_iter().flatten() {
+        let steps: Vec<String> = e["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|st| {
+                format!(
+                    "{}@{:.0}ms{}",
+                    st["step"].as_str().unwrap_or("?"),
+                    st["at_ms"].as_f64().unwrap_or(0.0),
+                    if st["ok"].as_bool() == Some(false) {
+                        "(failed)"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "{} {} {}: {} -> {} in {:.0} ms{} [{}]{}\n",
+            e["started"].as_u64().unwrap_or(0),
+            e["cluster"].as_str().unwrap_or("?"),
+            e["kind"].as_str().unwrap_or("?"),
+            e["old_primary"].as_str().unwrap_or("-"),
+            e["new_primary"].as_str().unwrap_or("-"),
+            e["duration_ms"].as_f64().unwrap_or(0.0),
+            if e["ok"].as_bool() == Some(false) {
+                " FAILED"
+            } else {
+                ""
+            },
+            steps.join(" "),
+            e["detail"].as_str().map(|d| format!(" {d}")).unwrap_or_default(),
+        ));
+    }
+    if out.is_empty() {
+        out.push_str("no switches\n");
+    }
+    out
 }
 
 fn admin_token(cli: &Cli) -> anyhow::Result<String> {

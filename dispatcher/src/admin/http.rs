@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -73,8 +73,13 @@ pub struct Status {
     pub pid: u32,
     pub uptime_s: f64,
     pub draining: bool,
+    /// The first cluster's write slots.
     pub pool: PoolView,
+    /// Every slot of every group.
     pub slots: Vec<SlotView>,
+    /// Every slot group (one per cluster: its write slots).
+    pub groups: Vec<PoolView>,
+    pub clusters: Vec<ClusterSummary>,
     pub clients: Clients,
     pub streams: Streams,
     pub fds: Fds,
@@ -109,11 +114,50 @@ struct Resize {
     size: usize,
 }
 
+/// `?cluster=NAME` (absent: all clusters, or the first for commands).
+#[derive(Deserialize)]
+struct ClusterQuery {
+    cluster: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SwitchoverBody {
+    #[serde(default)]
+    cluster: Option<String>,
+    /// The member to promote (absent: the most advanced eligible replica).
+    #[serde(default)]
+    to: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MaintenanceBody {
+    #[serde(default)]
+    cluster: Option<String>,
+    member: String,
+    on: bool,
+}
+
+/// One line per cluster in `/status`.
+#[derive(Serialize)]
+pub struct ClusterSummary {
+    pub name: String,
+    pub topology: &'static str,
+    pub primary: Option<String>,
+    pub status: crate::cluster::ClusterStatus,
+    pub epoch: u64,
+}
+
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/status", get(status))
         .route("/pool/size", post(resize))
         .route("/drain", post(drain))
+        .route("/cluster", get(clusters))
+        .route("/cluster/events", get(cluster_events))
+        .route("/cluster/switchover", post(switchover))
+        .route("/cluster/maintenance", post(maintenance))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
@@ -151,8 +195,31 @@ fn unauthorized(close: bool) -> Response {
 }
 
 pub fn status_of(ctx: &Ctx, budget: &FdBudget) -> Status {
-    let (pool, slots) = ctx.pool.view();
+    let (pool, _) = ctx.pool.view();
+    let mut slots = Vec::new();
+    let mut groups = Vec::new();
+    for g in &ctx.groups {
+        let (view, s) = g.view();
+        groups.push(view);
+        slots.extend(s);
+    }
+    let clusters = ctx
+        .clusters
+        .iter()
+        .map(|c| {
+            let v = c.provider.view.borrow();
+            ClusterSummary {
+                name: c.name.clone(),
+                topology: v.topology,
+                primary: v.primary.clone(),
+                status: v.status.clone(),
+                epoch: v.epoch,
+            }
+        })
+        .collect();
     Status {
+        groups,
+        clusters,
         version: env!("CARGO_PKG_VERSION"),
         pid: std::process::id(),
         uptime_s: ctx.started.elapsed().as_secs_f64(),
@@ -193,6 +260,53 @@ async fn resize(State(state): State<AdminState>, Json(body): Json<Resize>) -> Re
     }
     state.supervisor.resize(body.size);
     Json(serde_json::json!({ "size": body.size })).into_response()
+}
+
+async fn clusters(State(state): State<AdminState>, Query(q): Query<ClusterQuery>) -> Response {
+    let reports: Vec<_> = state
+        .ctx
+        .clusters
+        .iter()
+        .filter(|c| q.cluster.as_deref().is_none_or(|n| n == c.name))
+        .map(|c| c.report())
+        .collect();
+    if reports.is_empty() {
+        return unknown_cluster(q.cluster.as_deref());
+    }
+    Json(serde_json::json!({ "clusters": reports })).into_response()
+}
+
+async fn cluster_events(State(state): State<AdminState>, Query(q): Query<ClusterQuery>) -> Response {
+    Json(serde_json::json!({ "events": state.ctx.events.list(q.cluster.as_deref()) })).into_response()
+}
+
+async fn switchover(State(state): State<AdminState>, Json(body): Json<SwitchoverBody>) -> Response {
+    let Some(cluster) = state.ctx.cluster(body.cluster.as_deref()) else {
+        return unknown_cluster(body.cluster.as_deref());
+    };
+    match cluster.switchover(body.to).await {
+        Ok(event) => Json(event).into_response(),
+        Err(e) => (StatusCode::CONFLICT, format!("switchover refused: {e}\n")).into_response(),
+    }
+}
+
+async fn maintenance(State(state): State<AdminState>, Json(body): Json<MaintenanceBody>) -> Response {
+    let Some(cluster) = state.ctx.cluster(body.cluster.as_deref()) else {
+        return unknown_cluster(body.cluster.as_deref());
+    };
+    match cluster.set_maintenance(&body.member, body.on) {
+        Ok(()) => Json(serde_json::json!({ "cluster": cluster.name, "member": body.member, "maintenance": body.on }))
+            .into_response(),
+        Err(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+    }
+}
+
+fn unknown_cluster(name: Option<&str>) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!("no cluster {:?}\n", name.unwrap_or_default()),
+    )
+        .into_response()
 }
 
 async fn drain(State(state): State<AdminState>) -> Response {
