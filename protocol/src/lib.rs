@@ -22,4 +22,4 @@ pub use value::Value;
 /// with [`ErrorCode::UnsupportedVersion`].
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Minor protocol version: additions that older peers may ignore.
-pub const PROTOCOL_MINOR: u16 = 1;
+pub const PROTOCOL_MINOR: u16 = 2;
