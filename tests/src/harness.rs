@@ -66,6 +66,7 @@ pub struct Dispatcher {
     config: toml::Table,
     /// RLIMIT_NOFILE (soft and hard) set for the dispatcher process, if any.
     nofile: Option<u64>,
+    env: Vec<(String, String)>,
 }
 
 impl Dispatcher {
@@ -144,8 +145,23 @@ database = "{db}"
         Dispatcher::spawn_with_nofile(config, None)
     }
 
+    /// [`Dispatcher::spawn_with`] with extra environment variables for the process
+    /// (e.g. the test-only `OSPREY_FAULT_STOP_AFTER`).
+    pub fn spawn_with_env(config: toml::Table, env: &[(&str, &str)]) -> anyhow::Result<Dispatcher> {
+        let mut d = Dispatcher::prepare(config, None)?;
+        d.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        d.spawn()?;
+        Ok(d)
+    }
+
     /// [`Dispatcher::spawn_with`], optionally with RLIMIT_NOFILE set to `nofile`.
     pub fn spawn_with_nofile(config: toml::Table, nofile: Option<u64>) -> anyhow::Result<Dispatcher> {
+        let mut d = Dispatcher::prepare(config, nofile)?;
+        d.spawn()?;
+        Ok(d)
+    }
+
+    fn prepare(config: toml::Table, nofile: Option<u64>) -> anyhow::Result<Dispatcher> {
         let runtime_dir = tempfile::Builder::new().prefix("osprey-test-").tempdir()?;
         let config_path = runtime_dir.path().join("osprey.toml");
         let mut config = config;
@@ -170,7 +186,7 @@ database = "{db}"
         let admin_token = get("auth", "admin_token")
             .and_then(|v| v.as_str().map(str::to_owned))
             .context("admin token")?;
-        let mut d = Dispatcher {
+        let d = Dispatcher {
             child: None,
             client_addr,
             admin_addr,
@@ -180,8 +196,8 @@ database = "{db}"
             runtime_dir,
             config,
             nofile,
+            env: Vec::new(),
         };
-        d.spawn()?;
         Ok(d)
     }
 
@@ -210,6 +226,7 @@ database = "{db}"
                 "RUST_LOG",
                 std::env::var("OSPREY_TEST_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .spawn()
             .context("spawning osprey-dispatcher")?;
@@ -267,6 +284,20 @@ database = "{db}"
             Ok((status, resp.body_mut().read_to_string()?))
         })
         .await?
+    }
+
+    /// `GET path` as JSON (HTTP 200 required).
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<Json> {
+        let (code, body) = self.admin("GET", path, None).await?;
+        if code != 200 {
+            bail!("GET {path}: HTTP {code}: {body}");
+        }
+        Ok(serde_json::from_str(&body)?)
+    }
+
+    /// `POST path` with a JSON body: the status and the body text.
+    pub async fn admin_post(&self, path: &str, body: Json) -> anyhow::Result<(u16, String)> {
+        self.admin("POST", path, Some(body)).await
     }
 
     /// `GET /status` as JSON.
@@ -327,7 +358,7 @@ impl Drop for Dispatcher {
     }
 }
 
-fn merge(base: &mut toml::Table, extra: toml::Table) {
+pub fn merge(base: &mut toml::Table, extra: toml::Table) {
     for (k, v) in extra {
         match (base.get_mut(&k), v) {
             (Some(toml::Value::Table(b)), toml::Value::Table(e)) => merge(b, e),

@@ -1,3 +1,4 @@
+pub mod failover_rig;
 pub mod fault_proxy;
 pub mod harness;
 pub mod pki;
