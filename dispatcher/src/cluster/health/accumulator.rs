@@ -244,7 +244,12 @@ mod tests {
         assert_eq!(acc.failures_in_window(t), 3);
         // And it stays down while the flapping goes on: a success in between is not
         // `recover_successes` successes in a row.
-        let (_, states) = feed(&mut acc, t + Duration::from_millis(100), 100, &[true, false, true, true, false]);
+        let (_, states) = feed(
+            &mut acc,
+            t + Duration::from_millis(100),
+            100,
+            &[true, false, true, true, false],
+        );
         assert!(states.iter().all(|s| *s == Down), "{states:?}");
     }
 
@@ -313,7 +318,12 @@ mod tests {
         assert_eq!(acc.state(), HealthState::Down);
         let since = acc.changed_at();
         // Two successes, a failure, two successes: not 3 in a row.
-        let (t, states) = feed(&mut acc, t + Duration::from_millis(100), 100, &[true, true, false, true, true]);
+        let (t, states) = feed(
+            &mut acc,
+            t + Duration::from_millis(100),
+            100,
+            &[true, true, false, true, true],
+        );
         assert!(states.iter().all(|s| *s == HealthState::Down), "{states:?}");
         assert_eq!(acc.changed_at(), since);
         assert_eq!(acc.consecutive_successes(), 2);
@@ -324,7 +334,10 @@ mod tests {
         assert_eq!(acc.failures_in_window(t + Duration::from_millis(100)), 0);
         // And the old failures do not bring it straight down again.
         let (_, states) = feed(&mut acc, t + Duration::from_millis(200), 100, &[false, true, true]);
-        assert_eq!(states, vec![HealthState::Suspect, HealthState::Suspect, HealthState::Suspect]);
+        assert_eq!(
+            states,
+            vec![HealthState::Suspect, HealthState::Suspect, HealthState::Suspect]
+        );
     }
 
     #[test]

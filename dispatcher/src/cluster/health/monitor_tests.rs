@@ -95,9 +95,15 @@ async fn live_member_goes_up_and_kill_9_marks_it_down() {
     let cfg = fast();
     let mut m = start(sandbox.primary(), cfg.clone());
 
-    let up = wait_for(&mut m.health, Duration::from_secs(5), "up", |h| h.state == HealthState::Up).await;
+    let up = wait_for(&mut m.health, Duration::from_secs(5), "up", |h| {
+        h.state == HealthState::Up
+    })
+    .await;
     assert!(factor(&up, "connect").ok && factor(&up, "ping").ok, "{up:#?}");
-    assert!(up.factors.iter().all(|f| f.factor != "business"), "no business_sql configured");
+    assert!(
+        up.factors.iter().all(|f| f.factor != "business"),
+        "no business_sql configured"
+    );
     assert_eq!((up.fail_threshold, up.window_ms), (3, 1_000));
     assert!(up.since.is_some());
     let gauge = r#"osprey_member_up{cluster="c1",member="primary"}"#;
@@ -134,8 +140,15 @@ async fn live_member_goes_up_and_kill_9_marks_it_down() {
         &m.metrics,
         r#"osprey_probe_failures_total{cluster="c1",member="primary",factor="connect"}"#,
     );
-    assert!(connect_failures >= Some(f64::from(cfg.fail_threshold)), "{connect_failures:?} in {}", m.metrics.encode());
-    let rounds = metric_value(&m.metrics, r#"osprey_probe_rounds_total{cluster="c1",member="primary"}"#);
+    assert!(
+        connect_failures >= Some(f64::from(cfg.fail_threshold)),
+        "{connect_failures:?} in {}",
+        m.metrics.encode()
+    );
+    let rounds = metric_value(
+        &m.metrics,
+        r#"osprey_probe_rounds_total{cluster="c1",member="primary"}"#,
+    );
     assert!(rounds >= Some(down.rounds as f64), "{rounds:?} vs {}", down.rounds);
 
     // Shutdown ends the task: the sender side of the health channel goes away.
@@ -145,7 +158,11 @@ async fn live_member_goes_up_and_kill_9_marks_it_down() {
     })
     .await
     .expect("monitor did not stop within 2 s of shutdown");
-    assert_eq!(metric_line(&m.metrics, gauge), None, "a stopped monitor leaves no gauge");
+    assert_eq!(
+        metric_line(&m.metrics, gauge),
+        None,
+        "a stopped monitor leaves no gauge"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,7 +170,10 @@ async fn sigstop_times_out_pings_on_schedule_and_sigcont_recovers() {
     let sandbox = Sandbox::start(0).await.unwrap();
     let cfg = fast();
     let mut m = start(sandbox.primary(), cfg.clone());
-    wait_for(&mut m.health, Duration::from_secs(5), "up", |h| h.state == HealthState::Up).await;
+    wait_for(&mut m.health, Duration::from_secs(5), "up", |h| {
+        h.state == HealthState::Up
+    })
+    .await;
 
     let stopped = Instant::now();
     sandbox.primary().stop();
@@ -177,7 +197,10 @@ async fn sigstop_times_out_pings_on_schedule_and_sigcont_recovers() {
     // Every probe hangs now; rounds must keep to the schedule: neither drift (slower)
     // nor pile up (faster, catching up missed ticks).
     let (r0, t0) = (down.rounds, Instant::now());
-    let ten_later = wait_for(&mut m.health, Duration::from_secs(3), "10 more rounds", |h| h.rounds >= r0 + 10).await;
+    let ten_later = wait_for(&mut m.health, Duration::from_secs(3), "10 more rounds", |h| {
+        h.rounds >= r0 + 10
+    })
+    .await;
     let spent = t0.elapsed();
     println!("10 rounds against a stopped server took {} ms", spent.as_millis());
     assert_eq!(ten_later.rounds, r0 + 10);
@@ -202,7 +225,10 @@ async fn sigstop_times_out_pings_on_schedule_and_sigcont_recovers() {
     assert!(back.consecutive_successes >= cfg.recover_successes, "{back:#?}");
     assert!(factor(&back, "ping").ok && factor(&back, "connect").ok);
     // recover_successes rounds take (recover_successes - 1) intervals at least.
-    assert!(took >= Duration::from_millis(cfg.interval_ms * u64::from(cfg.recover_successes - 1)) - Duration::from_millis(20));
+    assert!(
+        took >= Duration::from_millis(cfg.interval_ms * u64::from(cfg.recover_successes - 1))
+            - Duration::from_millis(20)
+    );
     assert!(took <= Duration::from_secs(3), "{took:?}");
     m.stop.cancel();
 }
@@ -267,7 +293,10 @@ async fn passive_failures_count_at_most_once_per_interval() {
         ..HealthConfig::default()
     };
     let mut m = start(sandbox.primary(), cfg.clone());
-    let up = wait_for(&mut m.health, Duration::from_secs(5), "up", |h| h.state == HealthState::Up).await;
+    let up = wait_for(&mut m.health, Duration::from_secs(5), "up", |h| {
+        h.state == HealthState::Up
+    })
+    .await;
 
     // A pool's worth of workers losing their sessions at once.
     let first = Instant::now();
@@ -304,21 +333,45 @@ async fn passive_failures_count_at_most_once_per_interval() {
         .at
         .duration_since(passive.at)
         .unwrap_or_default();
-    println!("passive failures counted {} ms apart (interval {} ms)", gap.as_millis(), cfg.interval_ms);
-    assert!(gap >= Duration::from_millis(cfg.interval_ms) - Duration::from_millis(5), "{gap:?}");
+    println!(
+        "passive failures counted {} ms apart (interval {} ms)",
+        gap.as_millis(),
+        cfg.interval_ms
+    );
+    assert!(
+        gap >= Duration::from_millis(cfg.interval_ms) - Duration::from_millis(5),
+        "{gap:?}"
+    );
     assert_eq!(metric_value(&m.metrics, passive_metric), Some(2.0));
 
     // passive = false (SIGHUP): reports are ignored.
-    m.cfg.send(HealthConfig { passive: false, ..cfg.clone() }).unwrap();
+    m.cfg
+        .send(HealthConfig {
+            passive: false,
+            ..cfg.clone()
+        })
+        .unwrap();
     let r = m.health.borrow().rounds;
-    wait_for(&mut m.health, Duration::from_secs(2), "a round under passive=false", |h| h.rounds > r).await;
+    wait_for(
+        &mut m.health,
+        Duration::from_secs(2),
+        "a round under passive=false",
+        |h| h.rounds > r,
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_millis(2 * cfg.interval_ms + 100);
     while Instant::now() < deadline {
         m.handle.passive_failure("ignored");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let r = m.health.borrow().rounds;
-    wait_for(&mut m.health, Duration::from_secs(2), "a round after the reports", |h| h.rounds > r).await;
+    wait_for(
+        &mut m.health,
+        Duration::from_secs(2),
+        "a round after the reports",
+        |h| h.rounds > r,
+    )
+    .await;
     assert_eq!(metric_value(&m.metrics, passive_metric), Some(2.0));
     m.stop.cancel();
 }
@@ -332,7 +385,10 @@ async fn passive_failures_count_at_most_once_per_interval() {
 fn cpu_per_member() {
     const MEMBERS: usize = 10;
     const SECONDS: u64 = 10;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let sandbox = Sandbox::start(0).await.unwrap();
         let server_pid = sandbox.primary().pid().unwrap();
