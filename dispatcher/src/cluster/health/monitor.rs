@@ -12,6 +12,9 @@
 //! left of the interval gets only what is left. Ticks missed while a round ran (only
 //! possible when the runtime is starved) are skipped, never bunched up.
 //!
+//! Passive reports from the pool are taken between rounds (a report that comes during a
+//! round waits for its end, at most one interval).
+//!
 //! The monitor's session is plain TCP (no TLS yet), with the monitor credentials.
 
 use std::sync::Arc;
@@ -424,6 +427,10 @@ fn budget(timeout: Duration, deadline: Instant) -> Duration {
     timeout.min(deadline.saturating_duration_since(Instant::now()))
 }
 
+/// Caveat: the server counts a connection closed before its handshake as a connection
+/// error of the client host, and blocks the host after `max_connect_errors` of them
+/// without a successful login in between. That count is kept only for hosts that passed
+/// name resolution: loopback and servers with `skip_name_resolve` are not affected.
 async fn probe_connect(host: &str, port: u16, limit: Duration) -> FactorResult {
     let started = Instant::now();
     match tokio::time::timeout(limit, TcpStream::connect((host, port))).await {

@@ -279,6 +279,34 @@ async fn failing_business_sql_fails_the_business_factor_and_sighup_fixes_it() {
     .await;
     assert!(factor(&up, "business").ok, "{up:#?}");
     assert_eq!(up.fail_threshold, 4);
+
+    // A new interval takes over the schedule at once.
+    m.cfg
+        .send(HealthConfig {
+            interval_ms: 250,
+            window_ms: 2_500,
+            ..fast()
+        })
+        .unwrap();
+    let r0 = wait_for(&mut m.health, Duration::from_secs(1), "new settings", |h| {
+        h.window_ms == 2_500
+    })
+    .await
+    .rounds;
+    let t0 = Instant::now();
+    wait_for(&mut m.health, Duration::from_secs(3), "4 rounds at 250 ms", |h| {
+        h.rounds >= r0 + 4
+    })
+    .await;
+    let spent = t0.elapsed();
+    println!(
+        "4 rounds after the interval went to 250 ms took {} ms",
+        spent.as_millis()
+    );
+    assert!(
+        spent >= Duration::from_millis(950) && spent <= Duration::from_millis(1_400),
+        "{spent:?}"
+    );
     m.stop.cancel();
 }
 
