@@ -29,6 +29,21 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// One cluster member.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabel {
+    pub cluster: String,
+    pub member: String,
+}
+
+/// One probe factor of one member (`connect`, `ping`, `business`, `passive`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FactorLabel {
+    pub cluster: String,
+    pub member: String,
+    pub factor: &'static str,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<OutcomeLabel, Counter>,
@@ -53,6 +68,10 @@ pub struct Metrics {
     pub accept_errors: Family<ListenerLabel, Counter>,
     /// Connections refused on a TLS client port before HELLO, by reason.
     pub tls_refused: Family<ReasonLabel, Counter>,
+    /// 1 while the member is up or suspect, 0 while down or not yet probed.
+    pub member_up: Family<MemberLabel, Gauge>,
+    pub probe_failures: Family<FactorLabel, Counter>,
+    pub probe_rounds: Family<MemberLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -175,6 +194,20 @@ impl Metrics {
             "Connections refused on the TLS client port (plaintext, handshake, timeout)",
             tls_refused.clone(),
         );
+        let member_up = Family::<MemberLabel, Gauge>::default();
+        registry.register(
+            "member_up",
+            "1 while the cluster member is up or suspect, 0 while down or not yet probed",
+            member_up.clone(),
+        );
+        let probe_failures = Family::<FactorLabel, Counter>::default();
+        registry.register(
+            "probe_failures",
+            "Failed health probes by member and factor (connect, ping, business, passive)",
+            probe_failures.clone(),
+        );
+        let probe_rounds = Family::<MemberLabel, Counter>::default();
+        registry.register("probe_rounds", "Health probe rounds by member", probe_rounds.clone());
         Metrics {
             registry,
             requests,
@@ -198,6 +231,9 @@ impl Metrics {
             client_rejected,
             accept_errors,
             tls_refused,
+            member_up,
+            probe_failures,
+            probe_rounds,
         }
     }
 

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod events;
+pub mod health;
 pub mod manager;
 pub mod view;
 
