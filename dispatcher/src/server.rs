@@ -9,7 +9,7 @@ use osprey_protocol::local::{runtime_dir, Credentials};
 use osprey_sandbox::Sandbox;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -19,6 +19,7 @@ use crate::admin::{self, AdminState};
 use crate::client::listen;
 use crate::client::tls::ServerTls;
 use crate::cluster::events::EventLog;
+use crate::cluster::health::{spawn_monitor, MonitorHandle, MonitorTarget};
 use crate::cluster::{manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, MemberConfig, Topology};
 use crate::config::{self, Config};
 use crate::ctx::{random_token, Ctx};
@@ -435,15 +436,51 @@ fn start_cluster(
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
 ) -> Arc<ClusterRuntime> {
-    let _ = (metrics, single);
-    let health = Vec::new();
-    let provider = manager::spawn_static(&cluster, events.clone(), stop.clone());
+    let cluster = Arc::new(cluster);
+    let (config_tx, mut config_rx) = watch::channel(cluster.clone());
+    // The monitors follow the health settings of the cluster's config (SIGHUP).
+    let (health_tx, health_rx) = watch::channel(cluster.health.clone());
+    tokio::spawn(async move {
+        while config_rx.changed().await.is_ok() {
+            let health = config_rx.borrow_and_update().health.clone();
+            health_tx.send_if_modified(|h| std::mem::replace(h, health.clone()) != health);
+        }
+    });
+    let (user, password) = cluster.monitor_credentials();
+    let monitors: Vec<(String, MonitorHandle)> = cluster
+        .members
+        .iter()
+        .map(|m| {
+            let target = MonitorTarget {
+                cluster: cluster.name.clone(),
+                member: m.name.clone(),
+                host: m.host.clone(),
+                port: m.port,
+                user: user.clone(),
+                password: password.clone(),
+            };
+            let handle = spawn_monitor(target, health_rx.clone(), metrics.clone(), stop.clone());
+            (m.name.clone(), handle)
+        })
+        .collect();
+    let sink_monitors = monitors.clone();
+    pool.set_passive_sink(Arc::new(move |member: &str, why: &'static str| {
+        if let Some((_, m)) = sink_monitors.iter().find(|(n, _)| n == member) {
+            m.passive_failure(why);
+        }
+    }));
+    let health: Vec<_> = monitors.iter().map(|(n, m)| (n.clone(), m.health())).collect();
+    let provider = match (single, cluster.topology) {
+        (true, _) => manager::spawn_static(&cluster, events.clone(), stop.clone()),
+        _ => manager::spawn_static(&cluster, events.clone(), stop.clone()),
+    };
     ClusterRuntime::start(
-        Arc::new(cluster),
+        config_tx,
         config.pool.clone(),
         health,
         provider,
         pool,
+        !single,
         stop.clone(),
     )
 }

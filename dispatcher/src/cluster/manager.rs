@@ -40,6 +40,10 @@ pub struct ClusterRuntime {
     maintenance: Mutex<BTreeSet<String>>,
     /// Wakes the follower (maintenance changed).
     changed: Notify,
+    /// Whether health decides where writes go. Off for a single `[backend]`: its health
+    /// is shown, but requests keep going to it (and wait or fail on it) as they always
+    /// did; there is nowhere else to send them.
+    follow_health: bool,
 }
 
 /// `GET /cluster`: one cluster.
@@ -73,22 +77,25 @@ pub enum ClusterError {
 impl ClusterRuntime {
     /// Starts the follower of `provider` for `pool`; `health` are the members' monitors.
     pub fn start(
-        config: Arc<ClusterConfig>,
+        config: watch::Sender<Arc<ClusterConfig>>,
         pool_config: PoolConfig,
         health: Vec<(String, watch::Receiver<MemberHealth>)>,
         provider: ProviderHandle,
         pool: Arc<Pool>,
+        follow_health: bool,
         shutdown: CancellationToken,
     ) -> Arc<ClusterRuntime> {
+        let name = config.borrow().name.clone();
         let rt = Arc::new(ClusterRuntime {
-            name: config.name.clone(),
-            config: watch::channel(config).0,
+            name,
+            config,
             pool_config,
             health,
             provider,
             pool,
             maintenance: Mutex::new(BTreeSet::new()),
             changed: Notify::new(),
+            follow_health,
         });
         let span = tracing::info_span!("cluster", cluster = %rt.name);
         tokio::spawn(rt.clone().follow(shutdown).instrument(span));
@@ -140,7 +147,7 @@ impl ClusterRuntime {
             .collect();
         let state_of = |m: &str| states.iter().find(|(n, _)| n == m).map(|(_, s)| *s);
         let config = self.config.borrow().clone();
-        let all_down = !states.is_empty() && states.iter().all(|(_, s)| *s == HealthState::Down);
+        let all_down = self.follow_health && !states.is_empty() && states.iter().all(|(_, s)| *s == HealthState::Down);
         if all_down {
             return Decision::Unavailable(format!(
                 "every member is down ({})",
@@ -159,7 +166,7 @@ impl ClusterRuntime {
         if self.in_maintenance(primary) {
             return Decision::Hold(format!("primary {primary} is in maintenance"));
         }
-        if state_of(primary) == Some(HealthState::Down) {
+        if self.follow_health && state_of(primary) == Some(HealthState::Down) {
             return Decision::Hold(format!("primary {primary} is down"));
         }
         match config.member(primary) {

@@ -223,6 +223,9 @@ pub struct Pool {
     /// The target's epoch: slot tasks waiting for a target (or backing off) wake on it.
     target_tx: watch::Sender<u64>,
     passive: Mutex<Option<PassiveSink>>,
+    /// Requests running on this group's workers (busy slots), for a switchover that
+    /// waits for in-flight writes to end.
+    busy_tx: watch::Sender<usize>,
     /// What this group last added to the shared gauges (slot states, queue depth).
     published: [AtomicI64; 4],
     published_depth: AtomicI64,
@@ -259,6 +262,7 @@ impl Pool {
             reaper: Notify::new(),
             target_tx: watch::channel(0).0,
             passive: Mutex::new(None),
+            busy_tx: watch::channel(0).0,
             published: Default::default(),
             published_depth: AtomicI64::new(0),
         })
@@ -357,6 +361,11 @@ impl Pool {
             ErrorCode::BackendUnavailable,
             why,
         );
+    }
+
+    /// Follows the number of requests running on this group's workers.
+    pub fn busy_watch(&self) -> watch::Receiver<usize> {
+        self.busy_tx.subscribe()
     }
 
     /// Requests running on this group's workers now.
@@ -1061,6 +1070,10 @@ impl Pool {
         .enumerate()
         {
             let n = g.slots.values().filter(|s| s.state == st).count() as i64;
+            if st == SlotState::Busy {
+                self.busy_tx
+                    .send_if_modified(|b| std::mem::replace(b, n as usize) != n as usize);
+            }
             // Under the pool's lock: the swap and the add cannot interleave with another.
             let delta = n - self.published[i].swap(n, Ordering::Relaxed);
             if delta != 0 {

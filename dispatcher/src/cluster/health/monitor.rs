@@ -124,6 +124,9 @@ struct Monitor {
     metrics: Arc<Metrics>,
     member_label: MemberLabel,
     health_tx: watch::Sender<MemberHealth>,
+    /// This round hit a shortage of our own (no file descriptor, no buffer): it says
+    /// nothing about the member and is not counted either way.
+    local_trouble: bool,
 }
 
 impl Monitor {
@@ -164,6 +167,7 @@ impl Monitor {
             metrics,
             member_label,
             health_tx,
+            local_trouble: false,
         }
     }
 
@@ -218,10 +222,14 @@ impl Monitor {
         // Its own copy: the session probe borrows the monitor mutably beside it.
         let host = self.target.host.clone();
         let connect = probe_connect(&host, self.target.port, connect_budget);
+        self.local_trouble = false;
         let (connect, (ping, business)) = tokio::join!(connect, self.probe_session(deadline));
+        if connect.error.as_deref().is_some_and(|e| e.starts_with(LOCAL)) {
+            self.local_trouble = true;
+        }
         // `ping` and `business` count their own failures (a business statement not run
         // because the ping failed is not one).
-        if !connect.ok {
+        if !connect.ok && !self.local_trouble {
             self.count_failure("connect");
         }
         let mut ok = true;
@@ -290,6 +298,12 @@ impl Monitor {
                         self.conn.insert(conn)
                     }
                     Ok(Err(e)) => {
+                        if let mysql_async::Error::Io(mysql_async::IoError::Io(io)) = &e {
+                            if is_local_shortage(io) {
+                                self.local_trouble = true;
+                                return failure("ping", started, format!("{LOCAL}connect: {e}"));
+                            }
+                        }
                         self.count_failure("ping");
                         return failure("ping", started, format!("connect: {e}"));
                     }
@@ -323,6 +337,11 @@ impl Monitor {
     }
 
     fn finish_round(&mut self, ok: bool) {
+        if !ok && self.local_trouble {
+            debug!("probe round inconclusive: this process is short of file descriptors or buffers");
+            self.publish();
+            return;
+        }
         self.rounds += 1;
         if !ok {
             self.failed_rounds += 1;
@@ -439,9 +458,23 @@ async fn probe_connect(host: &str, port: u16, limit: Duration) -> FactorResult {
             drop(stream);
             success("connect", started)
         }
+        Ok(Err(e)) if is_local_shortage(&e) => failure("connect", started, format!("{LOCAL}{e}")),
         Ok(Err(e)) => failure("connect", started, e.to_string()),
         Err(_) => timed_out("connect", limit),
     }
+}
+
+/// Prefix of a factor error that is our own shortage, not the member's failure.
+const LOCAL: &str = "local: ";
+
+/// Errors that come from this process or host running out of something (descriptors,
+/// buffers, memory), not from the member: counting them would mark a healthy member
+/// down when the dispatcher is the one in trouble (seen: EMFILE under a connection flood).
+fn is_local_shortage(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
 }
 
 fn ms(d: Duration) -> f64 {
