@@ -49,6 +49,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let dir = config.listen.runtime_dir.clone().unwrap_or_else(runtime_dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating runtime dir {}", dir.display()))?;
     let (client_tokens, admin_token) = tokens(&config, &dir)?;
+    if let Some(sandbox) = &_sandbox {
+        write_sandbox_file(sandbox, &dir);
+    }
 
     let worker_binary = match &config.pool.worker_binary {
         Some(p) => p.clone(),
@@ -512,5 +515,27 @@ fn reload_clusters(ctx: &Ctx, new: &Config) {
                 }));
             }
         }
+    }
+}
+
+/// `<runtime_dir>/sandbox`: one line per embedded server, `name pid port datadir`, so that
+/// the README's tour (and an operator) can kill -9 or stop a member of the sandbox.
+fn write_sandbox_file(sandbox: &Sandbox, dir: &std::path::Path) {
+    let text: String = sandbox
+        .instances()
+        .map(|i| {
+            format!(
+                "{} {} {} {}\n",
+                i.name(),
+                i.pid().map_or_else(|| "-".into(), |p| p.to_string()),
+                i.port(),
+                i.datadir().display()
+            )
+        })
+        .collect();
+    let path = dir.join("sandbox");
+    match std::fs::write(&path, text) {
+        Ok(()) => info!(file = %path.display(), "sandbox members listed"),
+        Err(e) => warn!(file = %path.display(), "cannot list the sandbox members: {e}"),
     }
 }
