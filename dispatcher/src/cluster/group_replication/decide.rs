@@ -160,8 +160,12 @@ pub fn decide(members: &[MemberConfig], reports: &[Report], current: Option<&str
     unknown.sort();
 
     if views.is_empty() {
-        let problem = if reports.iter().all(|r| r.rows.is_err()) {
-            "no member answered".to_owned()
+        let errors: Vec<String> = reports
+            .iter()
+            .filter_map(|r| r.rows.as_ref().err().map(|e| format!("{}: {e}", r.reporter)))
+            .collect();
+        let problem = if errors.len() == reports.len() {
+            format!("no member answered ({})", errors.join("; "))
         } else {
             format!(
                 "no ONLINE member sees a majority of its group (asked: {})",

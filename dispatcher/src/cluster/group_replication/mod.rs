@@ -2,10 +2,11 @@
 //! it and never promotes anything.
 //!
 //! **Untested against a live group.** MySQL cannot be installed on the machines this was
-//! built on (Debian ships MariaDB only, and MariaDB has no Group Replication), so only the
-//! decision ([`decide::decide`]) is tested, on hand-made `replication_group_members` rows;
-//! the polling loop is the same as the Galera provider's, which runs against a real Galera
-//! cluster in the tests. Run it against a real group before relying on it.
+//! built on (Debian ships MariaDB only, and MariaDB has no Group Replication), so the
+//! decision ([`decide::decide`]) is tested on hand-made `replication_group_members` rows,
+//! and the polling loop against real MariaDB servers that serve a table with the same
+//! columns in place of `performance_schema.replication_group_members`. Nothing here has
+//! seen a real group elect or expel a member: run it against one before relying on it.
 //!
 //! Every `health.interval_ms` each member is asked, on its own connection (monitor account,
 //! TCP, timeouts below the interval), for
@@ -43,6 +44,19 @@ pub fn spawn_group_replication(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> ProviderHandle {
+    spawn_with_sql(cfg, health, events, metrics, shutdown, MEMBERS_SQL)
+}
+
+/// The provider, reading the group's members with `sql` (tests point it at a table that
+/// holds the same columns on a MariaDB server).
+fn spawn_with_sql(
+    cfg: watch::Receiver<Arc<ClusterConfig>>,
+    health: Vec<(String, watch::Receiver<MemberHealth>)>,
+    events: Arc<EventLog>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    sql: &'static str,
+) -> ProviderHandle {
     let cluster = cfg.borrow().clone();
     let initial = ClusterView {
         name: cluster.name.clone(),
@@ -66,6 +80,7 @@ pub fn spawn_group_replication(
         health: health.into_iter().collect(),
         conns: HashMap::new(),
         last_seen: HashMap::new(),
+        sql,
         publisher: Publisher::new(view_tx, events, metrics.group_primary.clone()),
     };
     tokio::spawn(provider.run(cmd_rx, shutdown).instrument(span));
@@ -80,6 +95,7 @@ struct Provider {
     health: HashMap<String, watch::Receiver<MemberHealth>>,
     conns: HashMap<String, MemberConn>,
     last_seen: HashMap<String, SystemTime>,
+    sql: &'static str,
     publisher: Publisher,
 }
 
@@ -124,8 +140,9 @@ impl Provider {
                 .remove(&m.name)
                 .unwrap_or_else(|| MemberConn::new(&cluster, m));
             let span = tracing::debug_span!("probe", member = %m.name);
+            let sql = self.sql;
             async move {
-                let result = conn.rows(MEMBERS_SQL, connect_timeout, query_timeout).await;
+                let result = conn.rows(sql, connect_timeout, query_timeout).await;
                 (m.name.clone(), conn, result)
             }
             .instrument(span)
@@ -223,3 +240,5 @@ fn make_ticker(interval_ms: u64, from_now: bool) -> tokio::time::Interval {
 
 #[cfg(test)]
 mod decide_tests;
+#[cfg(test)]
+mod loop_tests;
