@@ -105,6 +105,15 @@ fn row_strings(row: mysql_async::Row) -> Vec<Option<String>> {
         .collect()
 }
 
+fn same_but_last_seen(a: &ClusterView, b: &ClusterView) -> bool {
+    let strip = |v: &ClusterView| {
+        let mut v = v.clone();
+        v.members.iter_mut().for_each(|m| m.last_seen = None);
+        v
+    };
+    strip(a) == strip(b)
+}
+
 /// Timeouts of one round: the configured ones, capped below the interval so that a round
 /// always ends before the next one is due.
 pub fn round_timeouts(cluster: &ClusterConfig) -> (Duration, Duration) {
@@ -199,7 +208,14 @@ impl Publisher {
             );
         }
         self.set_gauges(&next);
-        if next != prev {
+        if same_but_last_seen(&next, &prev) {
+            // Only the members' last_seen moved: readers see it, waiters are not woken
+            // every round for it.
+            self.view_tx.send_if_modified(|v| {
+                *v = next;
+                false
+            });
+        } else {
             self.view_tx.send_replace(next);
         }
         event

@@ -164,6 +164,11 @@ async fn follows_the_synced_nodes_of_a_real_galera_cluster() {
         .await
         .unwrap();
     c.query_drop("INSERT INTO osprey.w VALUES (1)").await.unwrap();
+    // Galera holds commits until it has evicted the dead node (evs.suspect_timeout).
+    println!(
+        "first write acknowledged by {new_writer} {:?} after the kill",
+        killed_at.elapsed()
+    );
 
     // The killed node comes back Synced: same priority, so the writes stay where they are.
     galera.node(writer_i).restart().await.expect("rejoin");
@@ -228,7 +233,26 @@ async fn follows_the_synced_nodes_of_a_real_galera_cluster() {
     let ev = rx.await.unwrap().expect("switchover to a Synced node");
     assert_eq!(ev.new_primary.as_deref(), Some(third.as_str()));
     assert_eq!(view.borrow().primary.as_deref(), Some(third.as_str()));
+
+    // Without a target: the next eligible node, never the desynced one.
+    let before = v.primary.clone().unwrap();
+    let (tx, rx) = oneshot::channel();
+    handle
+        .commands
+        .send(Command::Switchover { to: None, reply: tx })
+        .await
+        .unwrap();
+    let ev = rx.await.unwrap().expect("switchover to the next Synced node");
+    assert_eq!(ev.new_primary.as_deref(), Some(before.as_str()));
+    assert_eq!(ev.kind, "switchover");
+
+    // Synced again: it serves reads, and the pinned writer keeps the writes.
     c.query_drop("SET GLOBAL wsrep_desync = OFF").await.unwrap();
+    let v = wait_view(&mut view, Duration::from_secs(5), "desynced node Synced again", |v| {
+        v.member(&new_writer).is_some_and(|m| m.role == Role::Replica)
+    })
+    .await;
+    assert_eq!(v.primary.as_deref(), Some(before.as_str()));
     shutdown.cancel();
 }
 

@@ -241,6 +241,9 @@ impl Provider {
         let started = SystemTime::now();
         let current = self.publisher.current();
         let cluster = self.cfg.borrow().clone();
+        if self.last.is_empty() {
+            return Err("no probe round has finished yet; try again in a moment".into());
+        }
         let target = match to {
             Some(name) => {
                 let c = self
