@@ -9,7 +9,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::spawn_galera;
-use crate::admin::metrics::{Metrics, MemberLabel};
+use crate::admin::metrics::{MemberLabel, Metrics};
 use crate::cluster::config::{ClusterConfig, HealthConfig, MemberConfig, Topology};
 use crate::cluster::events::EventLog;
 use crate::cluster::view::{ClusterView, Command, MemberHealth, Role};

@@ -12,7 +12,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::spawn_with_sql;
-use crate::admin::metrics::{Metrics, WriterLabel};
+use crate::admin::metrics::{MemberLabel, Metrics};
 use crate::cluster::config::{ClusterConfig, HealthConfig, MemberConfig, Topology};
 use crate::cluster::events::EventLog;
 use crate::cluster::view::{ClusterStatus, ClusterView, Command, Role};
@@ -127,7 +127,7 @@ async fn follows_the_rows_served_by_real_servers() {
     let gauge = |m: &str| {
         metrics
             .group_primary
-            .get_or_create(&WriterLabel {
+            .get_or_create(&MemberLabel {
                 cluster: "gr".into(),
                 member: m.into(),
             })
