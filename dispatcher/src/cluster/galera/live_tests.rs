@@ -308,3 +308,61 @@ async fn priority_decides_and_a_lower_priority_node_takes_the_writes_back() {
     assert_eq!(v.epoch, 3);
     shutdown.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_writer_or_one_its_monitor_marks_down_loses_the_writes() {
+    use crate::cluster::view::HealthState;
+    let galera = Galera::start(3).await.expect("galera cluster");
+    let cfg = config(&galera, &[0, 1, 2]);
+    let (_cfg_tx, cfg_rx) = watch::channel(Arc::new(cfg));
+    let mut health_tx = Vec::new();
+    let mut health = Vec::new();
+    for n in galera.nodes() {
+        let (tx, rx) = watch::channel(MemberHealth::default());
+        health_tx.push(tx);
+        health.push((n.name().to_owned(), rx));
+    }
+    let shutdown = CancellationToken::new();
+    let handle = spawn_galera(
+        cfg_rx,
+        health,
+        Arc::new(EventLog::default()),
+        Arc::new(Metrics::new()),
+        shutdown.clone(),
+    );
+    let mut view = handle.view.clone();
+    let v = wait_view(&mut view, Duration::from_secs(5), "first writer", |v| {
+        v.primary.is_some()
+    })
+    .await;
+    assert_eq!(v.primary.as_deref(), Some("node-1"), "priority 0");
+
+    // SIGSTOP: the probe's query times out below the interval, and the next round moves on.
+    galera.node(0).stop();
+    let stopped_at = Instant::now();
+    let v = wait_view(&mut view, MOVE_BUDGET, "writer moved off the hung node", |v| {
+        v.primary.as_deref() == Some("node-2")
+    })
+    .await;
+    println!("SIGSTOP of node-1 -> writer node-2 after {:?}", stopped_at.elapsed());
+    let hung = v.member("node-1").unwrap();
+    assert!(hung.reason.as_deref().unwrap_or("").contains("timed out"), "{hung:?}");
+    galera.node(0).cont();
+
+    // The monitor says node-2 is down (e.g. the business statement fails there) while its
+    // wsrep status is fine: it takes no requests either.
+    health_tx[1].send_replace(MemberHealth {
+        state: HealthState::Down,
+        ..Default::default()
+    });
+    let v = wait_view(
+        &mut view,
+        MOVE_BUDGET,
+        "writer moved off the node its monitor marks down",
+        |v| v.primary.as_deref().is_some_and(|p| p != "node-2"),
+    )
+    .await;
+    assert_eq!(v.member("node-2").unwrap().reason.as_deref(), Some("health: down"));
+    println!("health down on node-2 -> writer {:?}", v.primary);
+    shutdown.cancel();
+}
