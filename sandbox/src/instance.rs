@@ -11,6 +11,7 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use crate::config::{server_command, Layout, ServerConfig};
+use crate::galera::{self, NodeSpec};
 use crate::template::{copy_template, tail_lines};
 use crate::{ports, process, replication, SandboxError, APP_DATABASE, APP_PASSWORD, APP_USER};
 
@@ -34,6 +35,8 @@ pub enum Role {
     Primary,
     /// A GTID (and semi-sync) replica of the primary.
     Replica,
+    /// A node of a [`crate::Galera`] cluster: every Synced node can write.
+    GaleraNode,
 }
 
 /// A running server process. Dropping it SIGKILLs and reaps the process, so no code path
@@ -96,6 +99,8 @@ pub struct Instance {
     layout: Layout,
     mariadbd: PathBuf,
     config: Arc<ServerConfig>,
+    /// Set on a Galera node: its ports, its peers and the provider.
+    galera: Option<Arc<NodeSpec>>,
     server: Mutex<Option<Server>>,
 }
 
@@ -125,9 +130,10 @@ impl Instance {
                 layout: layout.clone(),
                 mariadbd: mariadbd.clone(),
                 config: config.clone(),
+                galera: None,
                 server: Mutex::new(None),
             };
-            instance.spawn().await?;
+            instance.spawn(&[]).await?;
             match instance.wait_ready(deadline).await {
                 Ok(()) => return Ok(instance),
                 Err(SandboxError::Exited { log_tail: tail, .. }) if ports::log_says_port_in_use(&tail) => {
@@ -144,7 +150,45 @@ impl Instance {
         })
     }
 
-    /// `primary`, `replica-1`, `replica-2`, ...
+    /// A Galera node that is not started yet (see [`crate::galera`]).
+    pub(crate) fn galera_node(
+        name: String,
+        server_id: u32,
+        layout: Layout,
+        mariadbd: PathBuf,
+        config: Arc<ServerConfig>,
+        spec: Arc<NodeSpec>,
+    ) -> Instance {
+        Instance {
+            name,
+            role: Role::GaleraNode,
+            server_id,
+            port: spec.client_port,
+            layout,
+            mariadbd,
+            config,
+            galera: Some(spec),
+            server: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn galera_spec(&self) -> Option<&NodeSpec> {
+        self.galera.as_deref()
+    }
+
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub(crate) fn mariadbd(&self) -> &Path {
+        &self.mariadbd
+    }
+
+    pub(crate) fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// `primary`, `replica-1`, `replica-2`, ... (`node-1`, ... in a Galera cluster)
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -318,12 +362,21 @@ impl Instance {
     /// and on a replica the SQL thread runs and the IO thread runs or is connecting (the
     /// primary may be down). A replica resumes replication by itself (even if it had been
     /// broken with [`Instance::break_replication`]).
+    ///
+    /// A Galera node rejoins its cluster: its last committed position is recovered from
+    /// InnoDB (`--wsrep-recover`, as `mysqld_safe` does), it asks a Synced peer for what it
+    /// missed (IST, or an rsync SST when the peer's cache no longer has it), and this
+    /// returns once it is `Synced` again. It needs a Primary component to rejoin.
     pub async fn restart(&self) -> Result<(), SandboxError> {
         self.shutdown().await?;
         let deadline = Instant::now() + self.config.ready_timeout;
+        let mut extra = Vec::new();
+        if self.galera.is_some() {
+            extra.push(galera::recover_position(self).await?);
+        }
         for attempt in 1..=RESTART_ATTEMPTS {
             let log_start = file_len(&self.layout.error_log());
-            self.spawn().await?;
+            self.spawn(&extra).await?;
             match self.wait_ready(deadline).await {
                 Ok(()) => break,
                 Err(SandboxError::Exited { .. })
@@ -337,6 +390,9 @@ impl Instance {
         }
         if self.role == Role::Replica {
             replication::wait_running(self, deadline, true).await?;
+        }
+        if self.galera.is_some() {
+            galera::wait_synced(self, deadline).await?;
         }
         Ok(())
     }
@@ -392,16 +448,23 @@ impl Instance {
         self.send(Signal::SIGKILL);
     }
 
-    async fn spawn(&self) -> Result<(), SandboxError> {
-        let is_primary = self.role == Role::Primary;
-        let mut cmd = server_command(
-            &self.mariadbd,
-            &self.config,
-            &self.layout,
-            self.server_id,
-            self.port,
-            is_primary,
-        );
+    /// Starts the process with the instance's command line plus `extra` arguments.
+    pub(crate) async fn spawn(&self, extra: &[String]) -> Result<(), SandboxError> {
+        let mut cmd = match &self.galera {
+            Some(spec) => {
+                galera::open_for_sst(&self.layout.dir)?;
+                galera::node_command(&self.mariadbd, &self.config, &self.layout, self.server_id, spec)
+            }
+            None => server_command(
+                &self.mariadbd,
+                &self.config,
+                &self.layout,
+                self.server_id,
+                self.port,
+                self.role == Role::Primary,
+            ),
+        };
+        cmd.args(extra);
         let stderr = OpenOptions::new()
             .create(true)
             .append(true)
@@ -417,7 +480,7 @@ impl Instance {
     }
 
     /// Waits until the app account can log in over TCP, or the server exits, or the deadline.
-    async fn wait_ready(&self, deadline: Instant) -> Result<(), SandboxError> {
+    pub(crate) async fn wait_ready(&self, deadline: Instant) -> Result<(), SandboxError> {
         loop {
             let exited = {
                 let mut guard = self.lock();
@@ -456,7 +519,7 @@ impl Instance {
 }
 
 /// A fresh copy of the template as the datadir, and no logs from an earlier attempt.
-async fn prepare_dir(layout: &Layout, template: &Path) -> Result<(), SandboxError> {
+pub(crate) async fn prepare_dir(layout: &Layout, template: &Path) -> Result<(), SandboxError> {
     let layout = layout.clone();
     let template = template.to_path_buf();
     tokio::task::spawn_blocking(move || {
@@ -476,7 +539,7 @@ fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
 
-fn read_tail(path: &Path, offset: u64) -> String {
+pub(crate) fn read_tail(path: &Path, offset: u64) -> String {
     match std::fs::read(path) {
         Ok(bytes) => {
             let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());

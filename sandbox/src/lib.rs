@@ -24,12 +24,16 @@
 //! Clean-up: dropping the [`Sandbox`] (also during a panic) SIGKILLs its servers, reaps them
 //! and removes the temporary directory. Every server also has `PR_SET_PDEATHSIG(SIGKILL)`, so
 //! it dies with the owning process even on `kill -9` (see the thread caveat in `process.rs`).
+//! [`Galera::start`] runs a MariaDB Galera cluster instead (see `galera.rs`): its nodes are
+//! [`Instance`]s too, with role [`Role::GaleraNode`].
+//!
 //! One initialised template datadir per machine is cached in
 //! `$TMPDIR/osprey-sandbox-template-*` (see `template.rs`) and is deliberately kept.
 
 mod binaries;
 mod config;
 mod error;
+mod galera;
 mod instance;
 mod ports;
 mod process;
@@ -43,6 +47,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use error::SandboxError;
+pub use galera::{Galera, GaleraBuilder, WsrepStatus, WSREP_SYNCED};
 pub use instance::{Instance, Role};
 
 use config::ServerConfig;

@@ -46,6 +46,10 @@ pub struct FactorLabel {
 
 pub struct Metrics {
     pub registry: Registry,
+    /// Galera: 1 for the node writes go to, 0 for the other members.
+    pub galera_writer: Family<MemberLabel, Gauge>,
+    /// Group Replication: 1 for the group's PRIMARY that writes go to, 0 for the others.
+    pub group_primary: Family<MemberLabel, Gauge>,
     pub requests: Family<OutcomeLabel, Counter>,
     pub latency: Histogram,
     pub queue_wait: Histogram,
@@ -83,6 +87,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("osprey");
+        let (galera_writer, group_primary) = register_writer_gauges(&mut registry);
         let requests = Family::<OutcomeLabel, Counter>::default();
         // 50 µs .. ~52 s.
         let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 21));
@@ -234,6 +239,8 @@ impl Metrics {
             member_up,
             probe_failures,
             probe_rounds,
+            galera_writer,
+            group_primary,
         }
     }
 
@@ -266,4 +273,22 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+}
+
+/// The gauges of the providers that follow the backend's own writer (galera,
+/// group_replication).
+fn register_writer_gauges(registry: &mut Registry) -> (Family<MemberLabel, Gauge>, Family<MemberLabel, Gauge>) {
+    let galera_writer = Family::<MemberLabel, Gauge>::default();
+    registry.register(
+        "galera_writer",
+        "Galera: 1 for the Synced node that writes go to, 0 for the other members",
+        galera_writer.clone(),
+    );
+    let group_primary = Family::<MemberLabel, Gauge>::default();
+    registry.register(
+        "group_primary",
+        "Group Replication: 1 for the ONLINE PRIMARY that writes go to, 0 for the other members",
+        group_primary.clone(),
+    );
+    (galera_writer, group_primary)
 }

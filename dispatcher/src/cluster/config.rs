@@ -78,7 +78,10 @@ pub struct MemberConfig {
     #[serde(default)]
     pub no_promotion: bool,
     /// Galera: writes go to the Synced node with the lowest priority, then the lowest
-    /// `wsrep_local_index`. Replication: breaks ties in the election (lower first).
+    /// `wsrep_local_index`; the writer keeps them while it stays Synced, except that a node
+    /// with a strictly lower priority takes them back after `health.recover_successes`
+    /// Synced rounds (equal priorities never move writes back). Replication: breaks ties in
+    /// the election (lower first).
     #[serde(default)]
     pub priority: u32,
     /// Where the other members' replication threads reach this member, when that is not

@@ -9,6 +9,9 @@
 
 pub mod config;
 pub mod events;
+pub mod follow;
+pub mod galera;
+pub mod group_replication;
 pub mod health;
 pub mod manager;
 pub mod view;
