@@ -20,7 +20,10 @@ use crate::client::listen;
 use crate::client::tls::ServerTls;
 use crate::cluster::events::EventLog;
 use crate::cluster::health::{spawn_monitor, MonitorHandle, MonitorTarget};
-use crate::cluster::{manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, MemberConfig, Topology};
+use crate::cluster::{
+    galera, group_replication, manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, MemberConfig,
+    Topology,
+};
 use crate::config::{self, Config};
 use crate::ctx::{random_token, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
@@ -473,9 +476,15 @@ fn start_cluster(
         }
     }));
     let health: Vec<_> = monitors.iter().map(|(n, m)| (n.clone(), m.health())).collect();
+    let cfg = config_tx.subscribe();
+    let (events, metrics, stop_p) = (events.clone(), metrics.clone(), stop.clone());
     let provider = match (single, cluster.topology) {
-        (true, _) => manager::spawn_static(&cluster, events.clone(), stop.clone()),
-        _ => manager::spawn_static(&cluster, events.clone(), stop.clone()),
+        (true, _) => manager::spawn_static(&cluster, events, stop_p),
+        (false, Topology::Galera) => galera::spawn_galera(cfg, health.clone(), events, metrics, stop_p),
+        (false, Topology::GroupReplication) => {
+            group_replication::spawn_group_replication(cfg, health.clone(), events, metrics, stop_p)
+        }
+        (false, Topology::Replication) => manager::spawn_static(&cluster, events, stop_p),
     };
     ClusterRuntime::start(
         config_tx,
