@@ -296,7 +296,8 @@ impl Pool {
         }
     }
 
-    /// Wakes on every change of target (a slot task waiting for one, or backing off).
+    /// Wakes on every change of target, and when a hold ends (a slot task waiting for a
+    /// target, or backing off).
     pub fn target_changes(&self) -> watch::Receiver<u64> {
         self.target_tx.subscribe()
     }
@@ -307,7 +308,7 @@ impl Pool {
     /// target. Clears a hold.
     pub fn set_target(self: &Arc<Self>, member: &str, settings: WorkerSettings) {
         let mut g = self.lock();
-        g.hold = None;
+        let held = g.hold.take().is_some();
         g.unavailable = None;
         let same = g
             .target
@@ -331,6 +332,10 @@ impl Pool {
                 self.retarget_slot(&mut g, index);
             }
             self.target_tx.send_replace(epoch);
+        } else if held {
+            // The member is back (no switch): slots backing off after failing to reach
+            // it respawn now, not at the end of a back-off longer than queue_timeout_ms.
+            self.target_tx.send_modify(|_| {});
         }
         self.pump(&mut g);
         self.publish_states(&g);
@@ -1412,6 +1417,30 @@ mod tests {
         f.conns.push((shared, rx));
         assert!(f.pool.submit(f.job_sized(3, 1, 5000)).is_ok());
         assert_eq!(f.pool.queue_depth(), 1);
+    }
+
+    /// The hold ends with the member it was on (the primary came back, no failover):
+    /// slot tasks backing off after their workers failed to connect must wake, or writes
+    /// wait out the back-off (up to respawn_backoff_max_ms, beyond queue_timeout_ms).
+    #[test]
+    fn end_of_hold_wakes_slots_backing_off() {
+        let f = fixture(1, 1, &[], no_caps());
+        let mut target = f.pool.target_changes();
+        target.borrow_and_update();
+        f.pool.hold("primary m is down".into());
+        f.pool.set_target("m", settings("m"));
+        assert!(
+            target.has_changed().unwrap(),
+            "slot tasks not woken at the end of the hold"
+        );
+        // Not on every call with nothing to end (the follower calls it on every wake-up).
+        target.borrow_and_update();
+        f.pool.set_target("m", settings("m"));
+        assert!(!target.has_changed().unwrap());
+        // And at the end of "every member is down".
+        f.pool.set_unavailable("every member is down".into());
+        f.pool.set_target("m", settings("m"));
+        assert!(target.has_changed().unwrap(), "not woken after unavailable");
     }
 
     /// Jobs past their queue deadline fail (QUEUE_TIMEOUT), in every connection.
