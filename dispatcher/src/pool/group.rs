@@ -502,6 +502,10 @@ impl Pool {
         if job.cancel.is_cancelled() || job.guard.shared().closed.load(Ordering::Relaxed) {
             return Err((job, SubmitError::Cancelled));
         }
+        // It never reached a worker: it fails as every waiting request did.
+        if g.unavailable.is_some() {
+            return Err((job, SubmitError::Unavailable));
+        }
         g.queue.push_front(job);
         self.set_depth(&g);
         self.pump(&mut g);
@@ -1441,6 +1445,21 @@ mod tests {
         f.pool.set_unavailable("every member is down".into());
         f.pool.set_target("m", settings("m"));
         assert!(target.has_changed().unwrap(), "not woken after unavailable");
+    }
+
+    /// Every member is down: a job given back by a link whose worker vanished before it
+    /// got it fails at once (BACKEND_UNAVAILABLE, not dispatched) like every waiting one,
+    /// instead of waiting out its queue deadline behind the hold.
+    #[test]
+    fn requeue_while_unavailable_fails_at_once() {
+        let mut f = fixture(1, 1, &[], no_caps());
+        f.submit(0, 1);
+        let (_, job) = f.delivered().pop().expect("delivered");
+        f.pool.set_unavailable("every member is down".into());
+        f.pool.link_lost(0, f.links[0].0, "test", true);
+        let e = f.pool.requeue(job).err().map(|(_, e)| e);
+        assert_eq!(e, Some(SubmitError::Unavailable));
+        assert_eq!(f.pool.queue_depth(), 0);
     }
 
     /// Jobs past their queue deadline fail (QUEUE_TIMEOUT), in every connection.
