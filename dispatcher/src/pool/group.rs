@@ -745,8 +745,15 @@ impl Pool {
 
     pub fn set_pid(&self, index: u32, generation: u64, pid: u32) {
         let mut g = self.lock();
+        let current = g.target.as_ref().map(|t| t.epoch);
         if let Some(slot) = g.slots.get_mut(&index).filter(|s| s.generation == generation) {
             slot.pid = Some(pid);
+            // Re-targeted while the process was being forked: `retarget_slot` saw no pid
+            // and sent no kill. The slot task drained its kill channel before
+            // `begin_spawn`, so this one reaches this process.
+            if slot.target.as_ref().map(|t| t.epoch) != current {
+                let _ = slot.kill.send("re-targeted before registration");
+            }
         }
     }
 
@@ -1460,6 +1467,30 @@ mod tests {
         let e = f.pool.requeue(job).err().map(|(_, e)| e);
         assert_eq!(e, Some(SubmitError::Unavailable));
         assert_eq!(f.pool.queue_depth(), 0);
+    }
+
+    /// A re-target that falls between `begin_spawn` and `set_pid` (the fork) finds the
+    /// slot without a pid, so it sends no kill; the process it is about to get was
+    /// started for the old member and must be killed when its pid is known, not left to
+    /// connect to the old member for up to register + connect timeout.
+    #[test]
+    fn retarget_during_spawn_kills_the_new_process() {
+        let f = fixture(1, 0, &[], no_caps());
+        let (kill, mut kill_rx) = mpsc::unbounded_channel();
+        f.pool.add_slot(7, kill);
+        let Spawn::Go(generation) = f.pool.begin_spawn(7) else {
+            panic!("spawn")
+        };
+        f.pool.set_target("n", settings("n"));
+        assert!(kill_rx.try_recv().is_err(), "no process to kill yet");
+        f.pool.set_pid(7, generation, 4242);
+        assert!(kill_rx.try_recv().is_ok(), "stale process not killed");
+        // A process of the current target is left alone.
+        let Spawn::Go(generation) = f.pool.begin_spawn(7) else {
+            panic!("respawn")
+        };
+        f.pool.set_pid(7, generation, 4243);
+        assert!(kill_rx.try_recv().is_err());
     }
 
     /// Jobs past their queue deadline fail (QUEUE_TIMEOUT), in every connection.
