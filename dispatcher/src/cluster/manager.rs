@@ -246,11 +246,26 @@ async fn any_changed(health: &mut [watch::Receiver<MemberHealth>]) {
     let _ = futures::future::select_all(health.iter_mut().map(|h| Box::pin(h.changed()))).await;
 }
 
-#[derive(Debug)]
 enum Decision {
     Target(String, Box<WorkerSettings>),
     Hold(String),
     Unavailable(String),
+}
+
+/// The follower logs decisions: the settings hold the member's password, so a target
+/// shows as its member and address only.
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decision::Target(member, s) => f
+                .debug_tuple("Target")
+                .field(member)
+                .field(&format_args!("{}:{}", s.backend.host, s.backend.port))
+                .finish(),
+            Decision::Hold(why) => f.debug_tuple("Hold").field(why).finish(),
+            Decision::Unavailable(why) => f.debug_tuple("Unavailable").field(why).finish(),
+        }
+    }
 }
 
 /// What a worker serving `member` is told at registration.
@@ -323,5 +338,35 @@ pub fn spawn_static(config: &ClusterConfig, events: Arc<EventLog>, shutdown: Can
     ProviderHandle {
         view: view_rx,
         commands,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The follower logs every new decision at info level: never the database password.
+    #[test]
+    fn a_logged_decision_shows_no_password() {
+        let settings = WorkerSettings {
+            backend: Backend {
+                name: "db1".into(),
+                host: "10.0.0.1".into(),
+                port: 3306,
+                user: "app".into(),
+                password: "s3cret-pw".into(),
+                database: None,
+            },
+            max_requests: 0,
+            max_age_ms: 0,
+            batch_rows: 1,
+            batch_bytes: 1,
+            connect_timeout_ms: 1,
+            session_reset: Default::default(),
+            backend_tls: None,
+        };
+        let text = format!("{:?}", Decision::Target("db1".into(), Box::new(settings)));
+        assert!(!text.contains("s3cret-pw"), "{text}");
+        assert!(text.contains("db1") && text.contains("10.0.0.1:3306"), "{text}");
     }
 }

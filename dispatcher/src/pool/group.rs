@@ -296,7 +296,8 @@ impl Pool {
         }
     }
 
-    /// Wakes on every change of target (a slot task waiting for one, or backing off).
+    /// Wakes on every change of target, and when a hold ends (a slot task waiting for a
+    /// target, or backing off).
     pub fn target_changes(&self) -> watch::Receiver<u64> {
         self.target_tx.subscribe()
     }
@@ -307,7 +308,7 @@ impl Pool {
     /// target. Clears a hold.
     pub fn set_target(self: &Arc<Self>, member: &str, settings: WorkerSettings) {
         let mut g = self.lock();
-        g.hold = None;
+        let held = g.hold.take().is_some();
         g.unavailable = None;
         let same = g
             .target
@@ -331,6 +332,10 @@ impl Pool {
                 self.retarget_slot(&mut g, index);
             }
             self.target_tx.send_replace(epoch);
+        } else if held {
+            // The member is back (no switch): slots backing off after failing to reach
+            // it respawn now, not at the end of a back-off longer than queue_timeout_ms.
+            self.target_tx.send_modify(|_| {});
         }
         self.pump(&mut g);
         self.publish_states(&g);
@@ -496,6 +501,10 @@ impl Pool {
         // in the queue, so a job it could not find yet is caught here.
         if job.cancel.is_cancelled() || job.guard.shared().closed.load(Ordering::Relaxed) {
             return Err((job, SubmitError::Cancelled));
+        }
+        // It never reached a worker: it fails as every waiting request did.
+        if g.unavailable.is_some() {
+            return Err((job, SubmitError::Unavailable));
         }
         g.queue.push_front(job);
         self.set_depth(&g);
@@ -736,8 +745,15 @@ impl Pool {
 
     pub fn set_pid(&self, index: u32, generation: u64, pid: u32) {
         let mut g = self.lock();
+        let current = g.target.as_ref().map(|t| t.epoch);
         if let Some(slot) = g.slots.get_mut(&index).filter(|s| s.generation == generation) {
             slot.pid = Some(pid);
+            // Re-targeted while the process was being forked: `retarget_slot` saw no pid
+            // and sent no kill. The slot task drained its kill channel before
+            // `begin_spawn`, so this one reaches this process.
+            if slot.target.as_ref().map(|t| t.epoch) != current {
+                let _ = slot.kill.send("re-targeted before registration");
+            }
         }
     }
 
@@ -1412,6 +1428,220 @@ mod tests {
         f.conns.push((shared, rx));
         assert!(f.pool.submit(f.job_sized(3, 1, 5000)).is_ok());
         assert_eq!(f.pool.queue_depth(), 1);
+    }
+
+    /// The hold ends with the member it was on (the primary came back, no failover):
+    /// slot tasks backing off after their workers failed to connect must wake, or writes
+    /// wait out the back-off (up to respawn_backoff_max_ms, beyond queue_timeout_ms).
+    #[test]
+    fn end_of_hold_wakes_slots_backing_off() {
+        let f = fixture(1, 1, &[], no_caps());
+        let mut target = f.pool.target_changes();
+        target.borrow_and_update();
+        f.pool.hold("primary m is down".into());
+        f.pool.set_target("m", settings("m"));
+        assert!(
+            target.has_changed().unwrap(),
+            "slot tasks not woken at the end of the hold"
+        );
+        // Not on every call with nothing to end (the follower calls it on every wake-up).
+        target.borrow_and_update();
+        f.pool.set_target("m", settings("m"));
+        assert!(!target.has_changed().unwrap());
+        // And at the end of "every member is down".
+        f.pool.set_unavailable("every member is down".into());
+        f.pool.set_target("m", settings("m"));
+        assert!(target.has_changed().unwrap(), "not woken after unavailable");
+    }
+
+    /// Every member is down: a job given back by a link whose worker vanished before it
+    /// got it fails at once (BACKEND_UNAVAILABLE, not dispatched) like every waiting one,
+    /// instead of waiting out its queue deadline behind the hold.
+    #[test]
+    fn requeue_while_unavailable_fails_at_once() {
+        let mut f = fixture(1, 1, &[], no_caps());
+        f.submit(0, 1);
+        let (_, job) = f.delivered().pop().expect("delivered");
+        f.pool.set_unavailable("every member is down".into());
+        f.pool.link_lost(0, f.links[0].0, "test", true);
+        let e = f.pool.requeue(job).err().map(|(_, e)| e);
+        assert_eq!(e, Some(SubmitError::Unavailable));
+        assert_eq!(f.pool.queue_depth(), 0);
+    }
+
+    /// A re-target that falls between `begin_spawn` and `set_pid` (the fork) finds the
+    /// slot without a pid, so it sends no kill; the process it is about to get was
+    /// started for the old member and must be killed when its pid is known, not left to
+    /// connect to the old member for up to register + connect timeout.
+    #[test]
+    fn retarget_during_spawn_kills_the_new_process() {
+        let f = fixture(1, 0, &[], no_caps());
+        let (kill, mut kill_rx) = mpsc::unbounded_channel();
+        f.pool.add_slot(7, kill);
+        let Spawn::Go(generation) = f.pool.begin_spawn(7) else {
+            panic!("spawn")
+        };
+        f.pool.set_target("n", settings("n"));
+        assert!(kill_rx.try_recv().is_err(), "no process to kill yet");
+        f.pool.set_pid(7, generation, 4242);
+        assert!(kill_rx.try_recv().is_ok(), "stale process not killed");
+        // A process of the current target is left alone.
+        let Spawn::Go(generation) = f.pool.begin_spawn(7) else {
+            panic!("respawn")
+        };
+        f.pool.set_pid(7, generation, 4243);
+        assert!(kill_rx.try_recv().is_err());
+    }
+
+    // Following the primary: paths a review found right, kept as regression tests.
+
+    /// A hold ended by `set_target` with the same member hands the waiting jobs to the
+    /// workers that went idle during it.
+    #[test]
+    fn the_end_of_a_hold_dispatches_what_waited() {
+        let mut f = fixture(2, 1, &[], no_caps());
+        f.submit(0, 1);
+        let (busy, _) = f.delivered().pop().expect("delivered");
+        f.pool.hold("switch in progress".into());
+        for s in 2..=4 {
+            f.submit(0, s);
+        }
+        assert_eq!(f.done(busy), None, "no dispatch during the hold");
+        assert!(f.delivered().is_empty());
+        assert_eq!((f.pool.queue_depth(), f.pool.idle_count()), (3, 2));
+        f.pool.set_target("m", settings("m"));
+        assert_eq!(f.delivered().len(), 2);
+        assert_eq!(f.pool.queue_depth(), 1);
+    }
+
+    /// A new member: the idle worker is told to quit at once, the busy one after its
+    /// response, and a worker spawned for the old member that registers late is told
+    /// to quit and gets no job.
+    #[test]
+    fn a_new_target_retires_old_workers() {
+        let mut f = fixture(2, 1, &[], no_caps());
+        f.submit(0, 1);
+        let (busy, _) = f.delivered().pop().expect("delivered");
+        let (kill, _kill_rx) = mpsc::unbounded_channel();
+        f.pool.add_slot(9, kill);
+        let Spawn::Go(late) = f.pool.begin_spawn(9) else {
+            panic!("spawn")
+        };
+        let idle_quit = CancellationToken::new();
+        // (Re-register the idle worker with a quit token the test can see.)
+        let idle = 1 - busy;
+        f.pool.kill(idle, f.links[idle as usize].0, "test");
+        let Spawn::Go(generation) = f.pool.begin_spawn(idle) else {
+            panic!("respawn")
+        };
+        let (jobs, rx) = mpsc::channel(LINK_JOBS);
+        f.links[idle as usize] = (generation, rx);
+        let link = WorkerLink {
+            jobs,
+            quit: idle_quit.clone(),
+        };
+        assert!(f.pool.worker_ready(idle, generation, link, 1));
+
+        f.pool.set_target("n", settings("n"));
+        assert!(idle_quit.is_cancelled(), "idle worker not told to quit");
+        assert!(matches!(
+            f.pool.next_job(busy, f.links[busy as usize].0, true),
+            Next::Quit
+        ));
+        let (jobs, mut late_rx) = mpsc::channel(LINK_JOBS);
+        let late_quit = CancellationToken::new();
+        let link = WorkerLink {
+            jobs,
+            quit: late_quit.clone(),
+        };
+        assert!(f.pool.worker_ready(9, late, link, 2));
+        assert!(
+            late_quit.is_cancelled(),
+            "late worker of the old member not told to quit"
+        );
+        f.submit(0, 2);
+        assert!(late_rx.try_recv().is_err());
+        assert!(f.delivered().is_empty());
+        assert_eq!(f.pool.queue_depth(), 1);
+        let (view, _) = f.pool.view();
+        assert_eq!((view.quitting, view.idle, view.busy), (3, 0, 0));
+    }
+
+    /// Unavailable: waiting requests fail at once and new ones are refused.
+    #[test]
+    fn unavailable_fails_waiting_and_new_requests() {
+        let f = fixture(1, 1, &[], no_caps());
+        f.submit(0, 1);
+        f.submit(0, 2);
+        f.submit(0, 3);
+        assert_eq!(f.pool.queue_depth(), 2);
+        f.pool.set_unavailable("every member is down".into());
+        assert_eq!(f.pool.queue_depth(), 0);
+        let e = f.pool.submit(f.job(0, 4)).err().map(|(_, e)| e);
+        assert_eq!(e, Some(SubmitError::Unavailable));
+        // A member is back, but not the primary: requests wait again.
+        f.pool.hold("primary m is down".into());
+        f.submit(0, 5);
+        assert_eq!(f.pool.queue_depth(), 1);
+    }
+
+    /// Two groups share the gauges: each adds its own counts.
+    #[test]
+    fn gauges_add_up_over_groups() {
+        let metrics = Arc::new(Metrics::new());
+        let groups: Vec<_> = (0..2)
+            .map(|g| Pool::with_base(g, 0, no_caps(), format!("c{g}"), metrics.clone()))
+            .collect();
+        for (g, pool) in groups.iter().enumerate() {
+            pool.set_target("m", settings("m"));
+            for index in pool.resize(2 + g) {
+                assert!(pool.owns(index) && index / GROUP_SLOTS == g as u32);
+                let (kill, _) = mpsc::unbounded_channel();
+                pool.add_slot(index, kill);
+            }
+        }
+        let starting = metrics.slot_state(SlotState::Starting);
+        assert_eq!(starting.get(), 5);
+        let (kill, _) = mpsc::unbounded_channel();
+        let generation = groups[1].add_slot(GROUP_SLOTS, kill);
+        let (jobs, _rx) = mpsc::channel(LINK_JOBS);
+        let link = WorkerLink {
+            jobs,
+            quit: CancellationToken::new(),
+        };
+        assert!(groups[1].worker_ready(GROUP_SLOTS, generation, link, 1));
+        assert_eq!(starting.get(), 4);
+        assert_eq!(metrics.slot_state(SlotState::Idle).get(), 1);
+        groups[0].hold("h".into());
+        let (out, _inbox) = outbox(4, 1 << 30);
+        let shared = ClientShared::new(1, out, 4, 0, 1 << 30, metrics.clone());
+        groups[0].open_conn(1, 0);
+        let (guard, cancel) = shared.open(1).expect("stream");
+        let received = Instant::now();
+        let job = Job {
+            guard,
+            cancel,
+            frame: Frame {
+                kind: Kind::Request,
+                flags: 0,
+                stream: 1,
+                payload: Bytes::from_static(b"x"),
+            },
+            timeout: None,
+            received,
+            queue_deadline: received + Duration::from_secs(60),
+            attempts: 0,
+        };
+        assert!(groups[0].submit(job).is_ok());
+        assert_eq!(metrics.queue_depth.get(), 1);
+        groups[1].shutdown();
+        assert_eq!(
+            metrics.queue_depth.get(),
+            1,
+            "another group's shutdown keeps this queue"
+        );
+        groups[0].shutdown();
+        assert_eq!(metrics.queue_depth.get(), 0);
     }
 
     /// Jobs past their queue deadline fail (QUEUE_TIMEOUT), in every connection.

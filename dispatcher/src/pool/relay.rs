@@ -5,6 +5,7 @@
 //! therefore costs the dispatcher two task wake-ups (this one, the client's
 //! writer) instead of one per hand-off.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::Poll;
@@ -718,12 +719,12 @@ impl Relay {
 /// Hands a job that never reached its worker to another one.
 fn give_back(ctx: &Ctx, pool: &Arc<Pool>, mut job: Job) {
     job.attempts += 1;
-    let failed = if job.attempts >= MAX_DISPATCH_ATTEMPTS {
+    let failed: Option<(Job, &'static str, ErrorCode, Cow<'static, str>)> = if job.attempts >= MAX_DISPATCH_ATTEMPTS {
         Some((
             job,
             "worker_lost",
             ErrorCode::WorkerLost,
-            "workers kept vanishing before dispatch",
+            "workers kept vanishing before dispatch".into(),
         ))
     } else {
         match pool.requeue(job) {
@@ -732,13 +733,18 @@ fn give_back(ctx: &Ctx, pool: &Arc<Pool>, mut job: Job) {
                 job,
                 "cancelled",
                 ErrorCode::Cancelled,
-                "cancelled while waiting for a worker",
+                "cancelled while waiting for a worker".into(),
             )),
+            Err((job, SubmitError::Unavailable)) => {
+                let why = pool.unavailable_reason().unwrap_or_default();
+                let msg = format!("cluster {}: no member can serve: {why}", pool.cluster());
+                Some((job, "unavailable", ErrorCode::BackendUnavailable, msg.into()))
+            }
             Err((job, _)) => Some((
                 job,
                 "shutting_down",
                 ErrorCode::ShuttingDown,
-                "the dispatcher is shutting down",
+                "the dispatcher is shutting down".into(),
             )),
         }
     };

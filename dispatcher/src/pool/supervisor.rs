@@ -160,8 +160,9 @@ impl Supervisor {
                     backoff_ms = backoff.as_millis() as u64,
                     "worker crash-looping; backing off"
                 );
-                // A new target (failover, switchover) ends the back-off: the new
-                // member is likely up, and writes are waiting for these workers.
+                // A new target (failover, switchover) or the end of a hold (the member
+                // is back) ends the back-off: the member is likely up, and writes are
+                // waiting for these workers.
                 let retargeted = tokio::select! {
                     _ = sleep(backoff) => false,
                     _ = self.ctx.draining.cancelled() => false,
