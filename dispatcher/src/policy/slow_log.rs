@@ -467,26 +467,31 @@ mod tests {
         };
         let (log, _writer) = SlowLog::spawn(settings, rx);
         let sql = "SELECT * FROM big WHERE a LIKE '%x%'";
-        let mut worst = Duration::ZERO;
+        let mut times = Vec::new();
         let start = Instant::now();
         let n = 20_000u64;
         for i in 0..n {
             let e = entry(sql, i);
             let t = Instant::now();
             log.submit(e);
-            worst = worst.max(t.elapsed());
+            times.push(t.elapsed());
             if i % 1000 == 0 {
                 tokio::task::yield_now().await;
             }
         }
         let total = start.elapsed();
+        times.sort();
+        let (p99, worst) = (times[times.len() * 99 / 100], times[times.len() - 1]);
         let dropped = log.counters.dropped_full.get();
         eprintln!(
-            "blackholed: {n} submits in {total:?} ({:?} each), worst {worst:?}, dropped {dropped}, queued {}",
+            "blackholed: {n} submits in {total:?} ({:?} each), p99 {p99:?}, worst {worst:?}, dropped {dropped}, queued {}",
             total / n as u32,
             log.queued()
         );
-        assert!(worst < Duration::from_millis(5), "worst submit {worst:?}");
+        // Waiting for the writer would take its 500 ms timeout; shared cores alone can
+        // cost a few ms once in a while.
+        assert!(p99 < Duration::from_millis(1), "p99 submit {p99:?}");
+        assert!(worst < Duration::from_millis(250), "worst submit {worst:?}");
         assert!(dropped >= n - 1000 - 100, "overflow dropped: {dropped}");
         assert!(!held.lock().await.is_empty(), "the writer did reach the blackhole");
         // Move the target to a live primary: the log flows again.
