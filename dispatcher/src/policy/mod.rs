@@ -238,6 +238,107 @@ mod tests {
         drop(tx);
     }
 
+    /// The scenario against a real MariaDB, without the dispatcher around it (the
+    /// lead wires these calls into the request path): `SELECT SLEEP(0.3), ?` with
+    /// threshold 200 ms and `slow_count = 3`. After three slow runs the fourth, with another
+    /// literal, is refused in under a millisecond; other statements run; unblock → it runs;
+    /// a TTL lets it run again; the slow log holds the three runs with the right digest.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sleep_statements_on_mariadb_are_blocked_unblocked_and_expire() {
+        use mysql_async::prelude::Queryable;
+        let sb = osprey_sandbox::Sandbox::start(0).await.unwrap();
+        let p = sb.primary();
+        let (_tx, rx) = watch::channel(Some(SlowLogTarget {
+            host: p.host().into(),
+            port: p.port(),
+            user: p.user().into(),
+            password: p.password().into(),
+        }));
+        let (policy, _writer) = Policy::new(
+            InterceptSettings {
+                slow_threshold: Duration::from_millis(200),
+                slow_count: 3,
+                block_ttl: Some(Duration::from_secs(2)),
+                ..InterceptSettings::default()
+            },
+            ThrottleSettings::default(),
+            [],
+            Some((SlowLogSettings::default(), rx)),
+        );
+        let mut conn = p.conn().await.unwrap();
+        // Runs `sql` as the request path would: check, execute, record the server time
+        // (here the client's measure of it: the sandbox is local).
+        async fn run(policy: &Policy, conn: &mut mysql_async::Conn, sql: &str) -> Result<Duration, Blocked> {
+            let d = osprey_sql::digest(sql);
+            policy.check(&d)?;
+            let start = std::time::Instant::now();
+            conn.query_drop(sql).await.unwrap();
+            let took = start.elapsed();
+            policy.record(&Execution {
+                digest: &d,
+                kind: StatementKind::guess(&d),
+                server_time: took,
+                sql,
+                rows: 1,
+                member: "primary",
+                client: "test",
+            });
+            Ok(took)
+        }
+        for n in 0..3 {
+            let took = run(&policy, &mut conn, &format!("SELECT SLEEP(0.3), {n}"))
+                .await
+                .unwrap();
+            assert!(took >= Duration::from_millis(300));
+        }
+        let start = std::time::Instant::now();
+        let err = run(&policy, &mut conn, "SELECT SLEEP(0.3), 'other literal'")
+            .await
+            .unwrap_err();
+        let refused_in = start.elapsed();
+        eprintln!("4th refused in {refused_in:?}: {err}");
+        assert!(refused_in < Duration::from_millis(1), "{refused_in:?}");
+        run(&policy, &mut conn, "SELECT 1").await.unwrap();
+        assert!(policy.intercept.unblock(err.hash));
+        run(&policy, &mut conn, "SELECT SLEEP(0.3), 9").await.unwrap();
+        // Block again (three more slow runs), then wait for the 2 s TTL.
+        for n in 0..2 {
+            run(&policy, &mut conn, &format!("SELECT SLEEP(0.3), {n}"))
+                .await
+                .unwrap();
+        }
+        assert!(run(&policy, &mut conn, "SELECT SLEEP(0.3), 5").await.is_err());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while run(&policy, &mut conn, "SELECT SLEEP(0.3), 6").await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "the block did not expire");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The slow log: six slow runs (3 + 1 after unblock + 2), plus the one after expiry.
+        let id = err.id.clone();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let n: u64 = conn
+                .exec_first("SELECT COUNT(*) FROM osprey.slow_log WHERE digest = ?", (id.clone(),))
+                .await
+                .unwrap_or(None)
+                .unwrap_or(0);
+            if n >= 7 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{n} slow-log rows");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let text: String = conn
+            .exec_first(
+                "SELECT digest_text FROM osprey.slow_log WHERE digest = ? LIMIT 1",
+                (id,),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(text, "SELECT SLEEP(?), ?");
+    }
+
     /// `record` of slow executions with the slow log's target blackholed (accepts TCP,
     /// never answers): measured per call, it stays in microseconds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
