@@ -40,7 +40,7 @@
 //! other candidate, costs ~1.8 ns a byte here — a third of the 1 µs budget — against
 //! XXH3's ~0.1.) [`Digest::id`] prints it as 16 lower-case hex digits.
 
-use crate::{pieces, Piece};
+use crate::{may_start_piece, pieces, Piece, Pieces};
 
 /// A statement's fingerprint: its normalised text and that text's 64-bit hash.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -79,14 +79,7 @@ pub fn digest_hash(text: &[u8]) -> u64 {
 /// The digest of `sql` (rules in the module doc). Never panics, for any text.
 pub fn digest(sql: &str) -> Digest {
     let mut d = Digester::new(sql);
-    for (piece, range) in pieces(sql) {
-        match piece {
-            Piece::Code => d.code(range.start, range.end),
-            Piece::Quoted(b'`') => d.backquoted(range.start, range.end),
-            Piece::Quoted(_) => d.string(range.start, range.end),
-            Piece::Comment | Piece::Executable => {}
-        }
-    }
+    d.scan(&mut pieces(sql));
     let text = d.finish();
     Digest {
         hash: digest_hash(text.as_bytes()),
@@ -123,6 +116,7 @@ enum ListKind {
     NextRow(usize),
 }
 
+#[derive(Clone, Copy)]
 struct Group {
     /// Where the `(` is in the output.
     at: usize,
@@ -131,9 +125,68 @@ struct Group {
     any_value: bool,
 }
 
+/// The open parentheses, innermost last: inline (no allocation per statement). Deeper
+/// than 16 levels, groups are only counted: lists there are kept as written.
+struct Groups {
+    items: [Group; 16],
+    len: usize,
+    overflow: usize,
+}
+
+impl Default for Groups {
+    fn default() -> Self {
+        Groups {
+            items: [Group {
+                at: 0,
+                kind: ListKind::Other,
+                only_values: false,
+                any_value: false,
+            }; 16],
+            len: 0,
+            overflow: 0,
+        }
+    }
+}
+
+impl Groups {
+    fn push(&mut self, g: Group) {
+        if self.len < self.items.len() && self.overflow == 0 {
+            self.items[self.len] = g;
+            self.len += 1;
+        } else {
+            self.overflow += 1;
+        }
+    }
+
+    fn pop(&mut self) -> Option<Group> {
+        if self.overflow > 0 {
+            self.overflow -= 1;
+            return None;
+        }
+        self.len = self.len.checked_sub(1)?;
+        Some(self.items[self.len])
+    }
+
+    fn last_mut(&mut self) -> Option<&mut Group> {
+        if self.overflow > 0 || self.len == 0 {
+            return None;
+        }
+        Some(&mut self.items[self.len - 1])
+    }
+
+    fn last(&self) -> Option<&Group> {
+        if self.overflow > 0 || self.len == 0 {
+            return None;
+        }
+        Some(&self.items[self.len - 1])
+    }
+}
+
 struct Digester<'a> {
     b: &'a [u8],
-    out: String,
+    /// The digest text being written: whole tokens of the input (cut at ASCII bytes) and
+    /// ASCII, so valid UTF-8; checked once at the end.
+    out: Vec<u8>,
     prev: Tok,
     /// The keyword before `prev`, for `IS NOT NULL`.
     prev_keyword: Option<usize>,
@@ -143,7 +196,7 @@ struct Digester<'a> {
     row_end: Option<usize>,
     /// Position of a comma written right after a collapsed row.
     row_comma: Option<usize>,
-    groups: Vec<Group>,
+    groups: Groups,
     /// Output length, `prev`, `prev_keyword` and the list's `only_values` before the last word.
     before_word: (usize, Tok, Option<usize>, bool),
 }
@@ -159,26 +212,26 @@ impl<'a> Digester<'a> {
     fn new(sql: &'a str) -> Self {
         Digester {
             b: sql.as_bytes(),
-            out: String::with_capacity(sql.len().min(4096)),
+            out: Vec::with_capacity(sql.len().min(4096)),
             prev: Tok::Start,
             prev_keyword: None,
             prev_end: usize::MAX,
             row_end: None,
             row_comma: None,
-            groups: Vec::new(),
+            groups: Groups::default(),
             before_word: (0, Tok::Start, None, true),
         }
     }
 
     fn finish(mut self) -> String {
-        while self.out.ends_with(';') {
+        while self.out.ends_with(b";") {
             self.out.pop();
         }
-        self.out
+        String::from_utf8(self.out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     /// Writes one token with the canonical spacing and updates the list state.
-    fn emit(&mut self, tok: Tok, text: &str, end: usize) {
+    fn emit(&mut self, tok: Tok, text: &[u8], end: usize) {
         let glued = matches!(self.prev, Tok::Start | Tok::Open | Tok::Dot)
             || matches!(tok, Tok::Close | Tok::Comma | Tok::Semicolon | Tok::Dot)
             || (tok == Tok::Open && matches!(self.prev, Tok::Keyword(_) | Tok::Ident));
@@ -207,7 +260,7 @@ impl<'a> Digester<'a> {
                 _ => ListKind::Other,
             };
             if space {
-                self.out.push(' ');
+                self.out.push(b' ');
             }
             self.groups.push(Group {
                 at: self.out.len(),
@@ -215,15 +268,15 @@ impl<'a> Digester<'a> {
                 only_values: true,
                 any_value: false,
             });
-            self.out.push('(');
+            self.out.push(b'(');
         } else {
             if space {
-                self.out.push(' ');
+                self.out.push(b' ');
             }
             if tok == Tok::Comma {
                 self.row_comma = (self.row_end == Some(self.out.len())).then_some(self.out.len());
             }
-            self.out.push_str(text);
+            self.out.extend_from_slice(text);
             if tok == Tok::Close {
                 self.close();
             }
@@ -249,11 +302,11 @@ impl<'a> Digester<'a> {
             ListKind::Other => {}
             ListKind::In => {
                 self.out.truncate(g.at);
-                self.out.push_str("(...)");
+                self.out.extend_from_slice(b"(...)");
             }
             ListKind::Values => {
                 self.out.truncate(g.at);
-                self.out.push_str("(...)");
+                self.out.extend_from_slice(b"(...)");
                 self.row_end = Some(self.out.len());
             }
             ListKind::NextRow(comma) => {
@@ -264,7 +317,7 @@ impl<'a> Digester<'a> {
     }
 
     fn value(&mut self, end: usize) {
-        self.emit(Tok::Value, "?", end);
+        self.emit(Tok::Value, b"?", end);
     }
 
     /// A `'…'` or `"…"` string at `start..end`.
@@ -278,10 +331,10 @@ impl<'a> Digester<'a> {
             // A prefix glued to it (x'..', b'..', n'..', _charset'..') is part of the literal.
             if let Some(w) = self.last_word_start() {
                 let word = &self.out[w..];
-                let prefix = word.eq_ignore_ascii_case("x")
-                    || word.eq_ignore_ascii_case("b")
-                    || word.eq_ignore_ascii_case("n")
-                    || word.starts_with('_');
+                let prefix = word.eq_ignore_ascii_case(b"x")
+                    || word.eq_ignore_ascii_case(b"b")
+                    || word.eq_ignore_ascii_case(b"n")
+                    || word.starts_with(b"_");
                 if prefix {
                     let (at, prev, prev_keyword, only_values) = self.before_word;
                     self.out.truncate(at);
@@ -293,7 +346,7 @@ impl<'a> Digester<'a> {
                 }
             }
         }
-        self.emit(Tok::StringValue, "?", end);
+        self.emit(Tok::StringValue, b"?", end);
     }
 
     /// Remembers the state before a word is written, so that a literal's prefix can be undone.
@@ -304,7 +357,7 @@ impl<'a> Digester<'a> {
 
     /// Start (in the output) of the word written last.
     fn last_word_start(&self) -> Option<usize> {
-        let o = self.out.as_bytes();
+        let o = &self.out;
         let n = o.iter().rev().take_while(|&&c| is_word_byte(c)).count();
         (n > 0).then(|| o.len() - n)
     }
@@ -323,7 +376,7 @@ impl<'a> Digester<'a> {
             self.word(start + 1, inner_end, end);
         } else {
             // SAFETY of the slice: backquotes are ASCII, so start..end is on char boundaries.
-            let text = std::str::from_utf8(&self.b[start..end]).unwrap_or("`?`");
+            let text = &self.b[start..end];
             self.mark_word();
             self.emit(Tok::Ident, text, end);
         }
@@ -333,19 +386,19 @@ impl<'a> Digester<'a> {
     fn word(&mut self, start: usize, end: usize, token_end: usize) {
         let w = &self.b[start..end];
         self.mark_word();
-        match keyword(w) {
+        match keyword_in(self.b, start, end - start) {
             Some(k) if k == NULL => {
                 let is_test =
                     self.prev == Tok::Keyword(IS) || (self.prev == Tok::Keyword(NOT) && self.prev_keyword == Some(IS));
                 if is_test {
-                    self.emit(Tok::Keyword(k), KEYWORDS[k], token_end);
+                    self.emit(Tok::Keyword(k), KEYWORDS[k].as_bytes(), token_end);
                 } else {
                     self.value(token_end);
                 }
             }
-            Some(k) => self.emit(Tok::Keyword(k), KEYWORDS[k], token_end),
+            Some(k) => self.emit(Tok::Keyword(k), KEYWORDS[k].as_bytes(), token_end),
             None => {
-                let text = std::str::from_utf8(w).unwrap_or("?");
+                let text = w;
                 self.emit(Tok::Ident, text, token_end);
             }
         }
@@ -359,15 +412,29 @@ impl<'a> Digester<'a> {
         )
     }
 
-    /// The code at `start..end`, split into tokens.
-    fn code(&mut self, start: usize, end: usize) {
+    /// The whole text, token by token. The lexer is asked, at each byte that may open a
+    /// quote or a comment, whether one does ([`Pieces::piece_at`]): one pass over the
+    /// bytes, and still the one lexer deciding what is code.
+    fn scan(&mut self, lexer: &mut Pieces<'_>) {
         let b = self.b;
-        let mut i = start;
+        let end = b.len();
+        let mut i = 0;
         while i < end {
             let c = b[i];
             if c.is_ascii_whitespace() || c.is_ascii_control() {
                 i += 1;
                 continue;
+            }
+            if may_start_piece(c) {
+                if let Some((piece, piece_end)) = lexer.piece_at(i) {
+                    match piece {
+                        Piece::Quoted(b'`') => self.backquoted(i, piece_end),
+                        Piece::Quoted(_) => self.string(i, piece_end),
+                        Piece::Code | Piece::Comment | Piece::Executable => {}
+                    }
+                    i = piece_end;
+                    continue;
+                }
             }
             if c.is_ascii_digit()
                 || (c == b'.'
@@ -401,7 +468,7 @@ impl<'a> Digester<'a> {
                 b'@' => {
                     let ats = if b.get(i + 1) == Some(&b'@') { 2 } else { 1 };
                     let w = word_len(&b[(i + ats).min(end)..end]);
-                    let text = std::str::from_utf8(&b[i..i + ats + w]).unwrap_or("@");
+                    let text = &b[i..i + ats + w];
                     self.mark_word();
                     self.emit(Tok::Ident, text, i + ats + w);
                     i += ats + w;
@@ -421,35 +488,35 @@ impl<'a> Digester<'a> {
                         self.value(i);
                     } else {
                         i += 1;
-                        self.emit(Tok::Op, if c == b'-' { "-" } else { "+" }, i);
+                        self.emit(Tok::Op, if c == b'-' { b"-" } else { b"+" }, i);
                     }
                 }
                 b'(' => {
                     i += 1;
-                    self.emit(Tok::Open, "(", i);
+                    self.emit(Tok::Open, b"(", i);
                 }
                 b')' => {
                     i += 1;
-                    self.emit(Tok::Close, ")", i);
+                    self.emit(Tok::Close, b")", i);
                 }
                 b',' => {
                     i += 1;
-                    self.emit(Tok::Comma, ",", i);
+                    self.emit(Tok::Comma, b",", i);
                 }
                 b';' => {
                     i += 1;
                     // Empty statements (`;;`) are nothing.
                     if !matches!(self.prev, Tok::Semicolon | Tok::Start) {
-                        self.emit(Tok::Semicolon, ";", i);
+                        self.emit(Tok::Semicolon, b";", i);
                     }
                 }
                 b'.' => {
                     i += 1;
-                    self.emit(Tok::Dot, ".", i);
+                    self.emit(Tok::Dot, b".", i);
                 }
                 _ => {
                     let n = operator_len(&b[i..end]);
-                    let text = std::str::from_utf8(&b[i..i + n]).unwrap_or("?");
+                    let text = &b[i..i + n];
                     i += n;
                     self.emit(Tok::Op, text, i);
                 }
@@ -530,21 +597,47 @@ fn operator_len(b: &[u8]) -> usize {
 /// every statement, so it is a table lookup: the word's first 16 bytes, upper-cased, packed
 /// in a `u128` (no two keywords share 16 first bytes), hashed into an open-addressing
 /// table built at compile time; then one full comparison for the longer keywords.
+#[cfg(test)]
 fn keyword(word: &[u8]) -> Option<usize> {
-    if word.len() > 24 || word.is_empty() || !word[0].is_ascii_alphabetic() {
+    keyword_in(word, 0, word.len())
+}
+
+/// [`keyword`] of `text[start..start + len]`: with 16 bytes of `text` from `start`, the
+/// key is one unaligned load, masked to the word and upper-cased eight bytes at a time.
+#[inline]
+fn keyword_in(text: &[u8], start: usize, len: usize) -> Option<usize> {
+    let word = &text[start..start + len];
+    if len > 24 || len == 0 || !word[0].is_ascii_alphabetic() {
         return None;
     }
     // Most identifiers are ruled out by their first letter and length alone.
-    if KEYWORD_LENGTHS[(word[0].to_ascii_uppercase() - b'A') as usize] & (1 << word.len()) == 0 {
+    if KEYWORD_LENGTHS[(word[0].to_ascii_uppercase() - b'A') as usize] & (1 << len) == 0 {
         return None;
     }
-    // Built in registers: going through a byte array on the stack stalls on store forwarding.
-    let n = word.len().min(16);
-    let mut key: u128 = 0;
-    for &c in &word[..n] {
-        key = (key << 8) | c.to_ascii_uppercase() as u128;
+    let n = len.min(16);
+    let raw = match text.get(start..start + 16) {
+        Some(w16) => {
+            let mut b = [0u8; 16];
+            b.copy_from_slice(w16);
+            u128::from_be_bytes(b) & (u128::MAX << (8 * (16 - n)))
+        }
+        None => {
+            let mut key: u128 = 0;
+            for &c in &word[..n] {
+                key = (key << 8) | c as u128;
+            }
+            key << (8 * (16 - n))
+        }
+    };
+    const HIGH: u128 = 0x8080_8080_8080_8080_8080_8080_8080_8080;
+    if raw & HIGH != 0 {
+        return None; // non-ASCII: never a keyword
     }
-    let key = key << (8 * (16 - n));
+    // Bytes in 'a'..='z' get their 0x20 bit cleared (no carries: every byte is < 0x80).
+    let ge_a = raw + 0x1f1f_1f1f_1f1f_1f1f_1f1f_1f1f_1f1f_1f1f;
+    let gt_z = raw + 0x0505_0505_0505_0505_0505_0505_0505_0505;
+    let lower = (ge_a ^ gt_z) & HIGH;
+    let key = raw ^ (lower >> 2);
     let mut slot = slot_of(key);
     loop {
         let k = KEYWORD_TABLE[slot];
@@ -1231,6 +1324,13 @@ mod tests {
             assert_eq!(keyword(k.to_ascii_lowercase().as_bytes()), Some(i));
         }
         assert_eq!(keyword(b"CURRENT_TIMESTAMPX"), None);
+        // Inside a longer text (the fast load) and at its end (the byte loop).
+        let text = b"xx select SeLeCt_ ORDER";
+        assert_eq!(keyword_in(text, 3, 6), keyword(b"SELECT"));
+        assert_eq!(keyword_in(text, 10, 7), None);
+        assert_eq!(keyword_in(text, 18, 5), keyword(b"ORDER"));
+        assert_eq!(keyword_in("séléct".as_bytes(), 0, 8), None);
+        assert_eq!(keyword(b"sElEcT{"), None);
         assert_eq!(keyword(b"CURRENT_TIMESTAM"), None);
     }
 

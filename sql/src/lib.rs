@@ -165,6 +165,25 @@ static MAY_START_PIECE: [bool; 256] = {
     t
 };
 
+/// Whether a non-code piece may begin with byte `c` (quotes, `#`, `-`, `/`, `*`).
+#[inline]
+pub(crate) fn may_start_piece(c: u8) -> bool {
+    MAY_START_PIECE[c as usize]
+}
+
+impl Pieces<'_> {
+    /// For a scanner that walks the code itself (the digest): the non-code piece that
+    /// starts at byte `i`, if one does, with its end; the lexer's state moves past it.
+    /// `i` must be where the code before it ends (the lexer's state is that of the text
+    /// up to `i`), as it is when every piece is taken from here, in order.
+    pub(crate) fn piece_at(&mut self, i: usize) -> Option<(Piece, usize)> {
+        let (piece, end, open) = self.special(i)?;
+        self.in_executable = open;
+        self.i = end;
+        Some((piece, end))
+    }
+}
+
 /// The end of the line comment starting at `i`: after its newline, or the end of the text.
 fn line_end(b: &[u8], i: usize) -> usize {
     b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |p| i + p + 1)
