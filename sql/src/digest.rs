@@ -116,70 +116,12 @@ enum ListKind {
     NextRow(usize),
 }
 
-#[derive(Clone, Copy)]
 struct Group {
     /// Where the `(` is in the output.
     at: usize,
     kind: ListKind,
     only_values: bool,
     any_value: bool,
-}
-
-/// The open parentheses, innermost last: inline (no allocation per statement). Deeper
-/// than 16 levels, groups are only counted: lists there are kept as written.
-struct Groups {
-    items: [Group; 16],
-    len: usize,
-    overflow: usize,
-}
-
-impl Default for Groups {
-    fn default() -> Self {
-        Groups {
-            items: [Group {
-                at: 0,
-                kind: ListKind::Other,
-                only_values: false,
-                any_value: false,
-            }; 16],
-            len: 0,
-            overflow: 0,
-        }
-    }
-}
-
-impl Groups {
-    fn push(&mut self, g: Group) {
-        if self.len < self.items.len() && self.overflow == 0 {
-            self.items[self.len] = g;
-            self.len += 1;
-        } else {
-            self.overflow += 1;
-        }
-    }
-
-    fn pop(&mut self) -> Option<Group> {
-        if self.overflow > 0 {
-            self.overflow -= 1;
-            return None;
-        }
-        self.len = self.len.checked_sub(1)?;
-        Some(self.items[self.len])
-    }
-
-    fn last_mut(&mut self) -> Option<&mut Group> {
-        if self.overflow > 0 || self.len == 0 {
-            return None;
-        }
-        Some(&mut self.items[self.len - 1])
-    }
-
-    fn last(&self) -> Option<&Group> {
-        if self.overflow > 0 || self.len == 0 {
-            return None;
-        }
-        Some(&self.items[self.len - 1])
-    }
 }
 
 struct Digester<'a> {
@@ -196,7 +138,7 @@ struct Digester<'a> {
     row_end: Option<usize>,
     /// Position of a comma written right after a collapsed row.
     row_comma: Option<usize>,
-    groups: Groups,
+    groups: Vec<Group>,
     /// Output length, `prev`, `prev_keyword` and the list's `only_values` before the last word.
     before_word: (usize, Tok, Option<usize>, bool),
 }
@@ -218,7 +160,7 @@ impl<'a> Digester<'a> {
             prev_end: usize::MAX,
             row_end: None,
             row_comma: None,
-            groups: Groups::default(),
+            groups: Vec::new(),
             before_word: (0, Tok::Start, None, true),
         }
     }
