@@ -113,6 +113,20 @@ impl Policy {
         r
     }
 
+    /// Live reload (SIGHUP, admin API): the interception settings, the throttle's wait and
+    /// queue, and the whole set of member limits. Blocks and statistics stay. (The slow log's
+    /// own settings need a restart.)
+    pub fn reload(
+        &self,
+        intercept: InterceptSettings,
+        throttle: ThrottleSettings,
+        limits: impl IntoIterator<Item = (String, Limit)>,
+    ) {
+        self.intercept.set_config(intercept);
+        self.throttle.set_settings(throttle);
+        self.throttle.replace_limits(limits);
+    }
+
     pub fn slow_log(&self) -> Option<&SlowLog> {
         self.slow_log.as_ref()
     }
