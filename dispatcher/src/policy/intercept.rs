@@ -16,12 +16,13 @@
 //!   which only delays its block. The statistics table holds at most `stats_capacity`
 //!   digests in 16 shards; a new digest in a full shard replaces the one with the fewest
 //!   executions (ties: least recently seen), so the frequent ones stay — counts of a digest
-//!   that was evicted and came back restart from zero. The blocked set is as large as what
+//!   that was evicted and came back restart from zero. Finding that entry scans the shard
+//!   (256 entries by default) under its lock, only when a new digest arrives in a full one. The blocked set is as large as what
 //!   was blocked; automatic blocks need `slow_count` slow runs each, so it stays small.
 //! - Times come in as arguments (`*_at` variants) so that tests need no sleeps.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -245,8 +246,9 @@ struct Stat {
 pub struct Intercept {
     bitmap: Box<[AtomicU64]>,
     enabled: AtomicBool,
-    /// `slow_threshold` in µs, read by every `record` without a lock.
+    /// `slow_threshold` in µs and `stats_capacity`, read by every `record` without a lock.
     threshold_us: AtomicU64,
+    stats_capacity: AtomicUsize,
     settings: RwLock<InterceptSettings>,
     blocked: RwLock<HashMap<u64, BlockEntry>>,
     slow: Mutex<HashMap<u64, SlowEntry>>,
@@ -279,6 +281,7 @@ impl Intercept {
             bitmap: (0..BITMAP_BITS / 64).map(|_| AtomicU64::new(0)).collect(),
             enabled: AtomicBool::new(settings.enabled),
             threshold_us: AtomicU64::new(settings.slow_threshold.as_micros() as u64),
+            stats_capacity: AtomicUsize::new(settings.stats_capacity),
             settings: RwLock::new(settings),
             blocked: RwLock::new(HashMap::new()),
             slow: Mutex::new(HashMap::new()),
@@ -297,6 +300,7 @@ impl Intercept {
         self.enabled.store(settings.enabled, Ordering::Relaxed);
         self.threshold_us
             .store(settings.slow_threshold.as_micros() as u64, Ordering::Relaxed);
+        self.stats_capacity.store(settings.stats_capacity, Ordering::Relaxed);
         let kinds = settings.kinds;
         *self.settings.write().unwrap_or_else(|e| e.into_inner()) = settings;
         let lift: Vec<u64> = {
@@ -469,7 +473,7 @@ impl Intercept {
     }
 
     fn update_stats(&self, digest: &Digest, kind: StatementKind, time: Duration, slow: bool, now: Instant) {
-        let capacity = (self.settings().stats_capacity / SHARDS).max(1);
+        let capacity = (self.stats_capacity.load(Ordering::Relaxed) / SHARDS).max(1);
         let mut shard = self.stats[(digest.hash >> 60) as usize % SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner());

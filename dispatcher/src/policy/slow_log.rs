@@ -168,7 +168,8 @@ impl SlowLog {
             counters: log.counters.clone(),
             conn: None,
         };
-        let handle = tokio::spawn(writer.run());
+        let span = tracing::info_span!("slow_log", schema = %writer.settings.schema, table = %writer.settings.table);
+        let handle = tokio::spawn(tracing::Instrument::instrument(writer.run(), span));
         (log, handle)
     }
 
