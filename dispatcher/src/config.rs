@@ -4,11 +4,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use osprey_protocol::{SessionReset, SslMode};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{ClusterConfig, FailoverConfig, HealthConfig, MemberConfig, Topology};
+use crate::policy::{BlockKinds, InterceptSettings, Limit, SlowLogSettings, ThrottleSettings};
 use crate::pool::wait_queue::QueueLimits;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,12 @@ pub struct Config {
     pub limits: Limits,
     pub timeouts: Timeouts,
     pub admin: Admin,
+    /// Slow-SQL interception and the slow log. Absent: [`InterceptConfig::embedded`] when
+    /// the dispatcher runs its own sandbox, else the production defaults
+    /// ([`InterceptConfig::default`]); see [`Config::intercept_config`].
+    pub intercept: Option<InterceptConfig>,
+    /// The per-member throttle's wait and queue (the rates are on `[[cluster.member]]`).
+    pub throttle: ThrottleConfig,
     /// A single database, without failover: shorthand for one cluster of one member.
     /// With neither `[backend]` nor `[[cluster]]`, the dispatcher starts a local MariaDB
     /// sandbox (a primary and two replicas) and fronts it as cluster `sandbox`.
@@ -314,6 +322,164 @@ fn default_connect_timeout() -> u64 {
     5_000
 }
 
+/// `[intercept]`: slow-SQL interception and the slow log (docs/CONFIG.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InterceptConfig {
+    /// Digests are computed, checked against the blocked set and accounted.
+    pub enabled: bool,
+    /// An execution whose server time reaches this is slow.
+    pub slow_threshold_ms: u64,
+    /// This many slow executions of one digest within `slow_window_s` block it.
+    pub slow_count: u32,
+    pub slow_window_s: u64,
+    /// Automatic blocks expire after this; 0 = until unblocked.
+    pub block_ttl_s: u64,
+    /// Which statements slow accounting may block: `all` or `reads`.
+    pub kinds: BlockKinds,
+    /// Digests with recent slow executions that are tracked (bounded; oldest evicted).
+    pub slow_table_capacity: usize,
+    /// Digests in the statistics of `GET /digests` (bounded; least executed evicted).
+    pub stats_capacity: usize,
+    /// Slow executions are written to `slow_log_schema.slow_log_table` on the primary.
+    pub slow_log: bool,
+    pub slow_log_schema: String,
+    pub slow_log_table: String,
+    /// Entries queued for the writer at most, in count and in bytes; beyond, dropped.
+    pub slow_log_channel: usize,
+    pub slow_log_channel_bytes: usize,
+    /// Rows per INSERT.
+    pub slow_log_batch_rows: usize,
+    /// Bytes of the statement kept as its sample.
+    pub slow_log_sample_bytes: usize,
+    /// Timeout of the writer's connect and of each statement.
+    pub slow_log_timeout_ms: u64,
+}
+
+impl Default for InterceptConfig {
+    /// Production defaults: only a statement that is very slow, repeatedly, is blocked,
+    /// and not for ever.
+    fn default() -> Self {
+        InterceptConfig {
+            enabled: true,
+            slow_threshold_ms: 10_000,
+            slow_count: 5,
+            slow_window_s: 60,
+            block_ttl_s: 600,
+            kinds: BlockKinds::All,
+            slow_table_capacity: 1024,
+            stats_capacity: 4096,
+            slow_log: true,
+            slow_log_schema: "osprey".into(),
+            slow_log_table: "slow_log".into(),
+            slow_log_channel: 10_000,
+            slow_log_channel_bytes: 16 * 1024 * 1024,
+            slow_log_batch_rows: 100,
+            slow_log_sample_bytes: 1024,
+            slow_log_timeout_ms: 2_000,
+        }
+    }
+}
+
+impl InterceptConfig {
+    /// The embedded sandbox's: 1 s, 3 slow runs within 60 s, so that the README's tour can
+    /// show a pattern being blocked and unblocked.
+    pub fn embedded() -> Self {
+        InterceptConfig {
+            slow_threshold_ms: 1_000,
+            slow_count: 3,
+            slow_window_s: 60,
+            block_ttl_s: 300,
+            ..InterceptConfig::default()
+        }
+    }
+
+    pub fn settings(&self) -> InterceptSettings {
+        InterceptSettings {
+            enabled: self.enabled,
+            slow_threshold: Duration::from_millis(self.slow_threshold_ms),
+            slow_count: self.slow_count,
+            slow_window: Duration::from_secs(self.slow_window_s),
+            block_ttl: (self.block_ttl_s > 0).then(|| Duration::from_secs(self.block_ttl_s)),
+            kinds: self.kinds,
+            slow_table_capacity: self.slow_table_capacity,
+            stats_capacity: self.stats_capacity,
+        }
+    }
+
+    /// The slow log's settings; `None` when it is off.
+    pub fn slow_log_settings(&self) -> Option<SlowLogSettings> {
+        (self.enabled && self.slow_log).then(|| SlowLogSettings {
+            schema: self.slow_log_schema.clone(),
+            table: self.slow_log_table.clone(),
+            channel_capacity: self.slow_log_channel,
+            channel_bytes: self.slow_log_channel_bytes,
+            batch_rows: self.slow_log_batch_rows,
+            sample_bytes: self.slow_log_sample_bytes,
+            timeout: Duration::from_millis(self.slow_log_timeout_ms),
+            retry: Duration::from_secs(1),
+        })
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.slow_count == 0 || self.slow_window_s == 0 {
+            return Err("intercept.slow_count and slow_window_s must be at least 1".into());
+        }
+        if self.slow_table_capacity == 0 || self.stats_capacity < 16 {
+            return Err("intercept.slow_table_capacity must be >= 1 and stats_capacity >= 16".into());
+        }
+        for (key, name) in [
+            ("slow_log_schema", &self.slow_log_schema),
+            ("slow_log_table", &self.slow_log_table),
+        ] {
+            if !crate::policy::slow_log::valid_identifier(name) {
+                return Err(format!(
+                    "intercept.{key} must be 1-64 letters, digits, `_` or `$` (got {name:?})"
+                ));
+            }
+        }
+        if self.slow_log_channel == 0 || self.slow_log_channel_bytes < 4096 {
+            return Err("intercept.slow_log_channel must be >= 1 and slow_log_channel_bytes >= 4096".into());
+        }
+        if !(1..=1000).contains(&self.slow_log_batch_rows) || self.slow_log_sample_bytes > 65_536 {
+            return Err("intercept.slow_log_batch_rows must be 1..=1000 and slow_log_sample_bytes <= 65536".into());
+        }
+        if self.slow_log_timeout_ms == 0 {
+            return Err("intercept.slow_log_timeout_ms must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// `[throttle]`: how requests wait for a member's token (the rates: `max_qps`/`burst` on
+/// `[[cluster.member]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ThrottleConfig {
+    /// A request waits this long for a token, then fails with THROTTLED.
+    pub wait_ms: u64,
+    /// Requests waiting per member; one more fails at once with THROTTLED (0: no waiting).
+    pub queue_capacity: usize,
+}
+
+impl Default for ThrottleConfig {
+    fn default() -> Self {
+        ThrottleConfig {
+            wait_ms: 100,
+            queue_capacity: 1024,
+        }
+    }
+}
+
+impl ThrottleConfig {
+    pub fn settings(&self) -> ThrottleSettings {
+        ThrottleSettings {
+            wait: Duration::from_millis(self.wait_ms),
+            queue_capacity: self.queue_capacity,
+        }
+    }
+}
+
 impl Backend {
     /// `[backend]` as the one-member cluster it stands for: no replica to promote, so no
     /// failover; the health model still runs.
@@ -341,6 +507,8 @@ impl Backend {
                 priority: 0,
                 replication_host: None,
                 replication_port: None,
+                max_qps: None,
+                burst: None,
             }],
             health: HealthConfig::default(),
             failover: FailoverConfig {
@@ -455,10 +623,51 @@ impl Config {
                 )));
             }
         }
+        if let Some(i) = &self.intercept {
+            i.validate().map_err(ConfigError::Invalid)?;
+        }
+        for c in &self.clusters {
+            for m in &c.members {
+                if m.max_qps == Some(0) || m.burst == Some(0) || (m.burst.is_some() && m.max_qps.is_none()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "cluster {} member {}: max_qps and burst must be at least 1, and burst goes with max_qps",
+                        c.name, m.name
+                    )));
+                }
+            }
+        }
         if self.pool.batch_rows == 0 || (self.pool.batch_bytes as usize) >= self.limits.max_payload {
             return bad("pool.batch_rows must be >= 1 and pool.batch_bytes below limits.max_payload");
         }
         Ok(())
+    }
+
+    /// The interception settings in force: `[intercept]` if given, else the embedded
+    /// defaults when the dispatcher runs its own sandbox, else the production defaults.
+    pub fn intercept_config(&self) -> InterceptConfig {
+        match &self.intercept {
+            Some(c) => c.clone(),
+            None if self.backend.is_none() && self.clusters.is_empty() => InterceptConfig::embedded(),
+            None => InterceptConfig::default(),
+        }
+    }
+
+    /// Every throttled member: (cluster, member, limit).
+    pub fn throttle_limits(&self) -> Vec<(String, String, Limit)> {
+        self.clusters
+            .iter()
+            .flat_map(|c| {
+                c.members.iter().filter_map(|m| {
+                    m.max_qps.map(|q| {
+                        (
+                            c.name.clone(),
+                            m.name.clone(),
+                            Limit::new(q as f64, m.burst.map(|b| b as f64)),
+                        )
+                    })
+                })
+            })
+            .collect()
     }
 
     /// The most slots this config can run at once (fixed size, or the elastic maximum):
@@ -606,6 +815,50 @@ host = "10.0.1.1"
         let both = format!("{text}\n[backend]\nhost = \"db\"\nuser = \"app\"\n");
         let c: Config = toml::from_str(&both).unwrap();
         assert!(c.validate().is_err(), "[backend] beside [[cluster]] is refused");
+    }
+
+    #[test]
+    fn intercept_and_throttle_parse_with_defaults() {
+        let c: Config = toml::from_str("").unwrap();
+        assert_eq!(
+            c.intercept_config(),
+            InterceptConfig::embedded(),
+            "the sandbox gets the tour's values"
+        );
+        assert_eq!(c.intercept_config().settings().slow_threshold, Duration::from_secs(1));
+        assert_eq!(c.throttle.settings().wait, Duration::from_millis(100));
+        let text = "[intercept]\nslow_threshold_ms = 200\nkinds = \"reads\"\nblock_ttl_s = 0\n\n[throttle]\nwait_ms = 50\nqueue_capacity = 8\n\n[[cluster]]\nname = \"m\"\nuser = \"a\"\n[[cluster.member]]\nname = \"x\"\nhost = \"h\"\nmax_qps = 500\n[[cluster.member]]\nname = \"y\"\nhost = \"h2\"\nmax_qps = 100\nburst = 20\n";
+        let c: Config = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        let i = c.intercept_config();
+        assert_eq!(
+            (i.slow_threshold_ms, i.slow_count, i.kinds),
+            (200, 5, BlockKinds::Reads)
+        );
+        assert_eq!(i.settings().block_ttl, None);
+        assert_eq!(c.throttle.settings().queue_capacity, 8);
+        let limits = c.throttle_limits();
+        assert_eq!(limits.len(), 2);
+        assert_eq!((limits[0].2.max_qps, limits[0].2.burst), (500.0, 50.0));
+        assert_eq!((limits[1].2.max_qps, limits[1].2.burst), (100.0, 20.0));
+        // With clusters and no [intercept]: production defaults.
+        let c: Config = toml::from_str(&text.replace(
+            "[intercept]\nslow_threshold_ms = 200\nkinds = \"reads\"\nblock_ttl_s = 0\n",
+            "",
+        ))
+        .unwrap();
+        assert_eq!(c.intercept_config(), InterceptConfig::default());
+        for bad in [
+            "[intercept]\nslow_log_table = \"a`b\"\n",
+            "[intercept]\nslow_count = 0\n",
+            "[intercept]\nslow_log_batch_rows = 0\n",
+        ] {
+            let c: Config = toml::from_str(bad).unwrap();
+            assert!(c.validate().is_err(), "{bad}");
+        }
+        let c: Config = toml::from_str(&text.replace("max_qps = 500", "max_qps = 0")).unwrap();
+        assert!(c.validate().is_err());
+        assert!(toml::from_str::<Config>("[intercept]\nkinds = \"writes\"\n").is_err());
     }
 
     #[test]

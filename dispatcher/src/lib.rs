@@ -8,5 +8,6 @@ pub mod cluster;
 pub mod config;
 pub mod ctx;
 pub mod fds;
+pub mod policy;
 pub mod pool;
 pub mod server;

@@ -420,6 +420,8 @@ fn sandbox_cluster(sandbox: &Sandbox) -> ClusterConfig {
                 priority: 0,
                 replication_host: None,
                 replication_port: None,
+                max_qps: None,
+                burst: None,
             })
             .collect(),
         health: HealthConfig::default(),

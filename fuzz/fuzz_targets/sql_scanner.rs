@@ -1,5 +1,5 @@
 //! The SQL text scanner (`osprey-sql`): `code_text`, `controls_session`,
-//! `touches_session_state`, `placeholders`, `is_plain_select` and their invariants.
+//! `touches_session_state`, `placeholders`, `is_plain_select`, `digest` and their invariants.
 //! Input: SQL text (bytes that are not UTF-8 are replaced, as no SQL reaches the
 //! scanner without passing the UTF-8 check).
 #![no_main]

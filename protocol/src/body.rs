@@ -416,6 +416,7 @@ impl ErrorBody {
                     | ErrorCode::BackendUnavailable
                     | ErrorCode::WorkerLost
                     | ErrorCode::KeepaliveTimeout
+                    | ErrorCode::Throttled
             ),
         }
     }

@@ -130,6 +130,12 @@ codes! {
     Database = "DATABASE_ERROR",
     /// The REQUEST named a cluster this dispatcher does not front.
     UnknownCluster = "UNKNOWN_CLUSTER",
+    /// The member's throttle (its `max_qps` token bucket) had no token within
+    /// `throttle.wait_ms`, or its throttle queue was full. Never dispatched; retryable.
+    Throttled = "THROTTLED",
+    /// The statement's digest is blocked (slow-SQL interception or an operator's block).
+    /// Never dispatched; the message names the digest id and how to unblock it.
+    SqlBlocked = "SQL_BLOCKED",
     /// The worker could not reach the database at all.
     BackendUnavailable = "BACKEND_UNAVAILABLE",
     /// The peer did not answer pings within `keepalive_timeout`.

@@ -6,6 +6,9 @@
 //! `NO_BACKSLASH_ESCAPES` or `ANSI_QUOTES` it may misread a quote, which is why the
 //! worker offers `session_reset = "always"`.
 
+mod digest;
+pub use digest::{digest, digest_hash, digest_id, parse_digest_id, Digest, KEYWORDS};
+
 /// Statements that control the transaction or take table locks, in any of the
 /// top-level `;`-separated statements of `sql`: with statement-level pooling (like
 /// PgBouncer's statement mode) they would leave state behind for the next client, or
@@ -46,98 +49,174 @@ pub fn controls_session(sql: &str) -> bool {
 /// inside of an executable comment (`/*! … */`, `/*M! … */`) is code: the
 /// server runs it. Assumes the default sql_mode (backslash escapes, `"` strings).
 pub fn code_text(sql: &str) -> String {
-    #[derive(PartialEq)]
-    enum In {
-        Code,
-        Quote(u8),
-        LineComment,
-        BlockComment,
-    }
-    let b = sql.as_bytes();
-    let mut mask = b.to_vec();
-    let mut state = In::Code;
-    let mut in_executable_comment = false;
-    let mut i = 0;
-    while i < b.len() {
-        let c = b[i];
-        let next = b.get(i + 1).copied();
-        let mut code = false;
-        match state {
-            In::Code => match c {
-                b'\'' | b'"' | b'`' => state = In::Quote(c),
-                b'#' => state = In::LineComment,
-                // `--` starts a comment only before whitespace or a control character.
-                b'-' if next == Some(b'-')
-                    && b.get(i + 2)
-                        .is_none_or(|c| c.is_ascii_whitespace() || c.is_ascii_control()) =>
-                {
-                    state = In::LineComment
-                }
-                b'/' if next == Some(b'*') => {
-                    let rest = &b[i + 2..];
-                    let opener = if rest.starts_with(b"!") {
-                        Some(1)
-                    } else if rest.len() >= 2 && rest[0].eq_ignore_ascii_case(&b'm') && rest[1] == b'!' {
-                        Some(2)
-                    } else {
-                        None
-                    };
-                    match opener {
-                        Some(n) if !in_executable_comment => {
-                            // Blank `/*!` (or `/*M!`) and the version digits; the rest runs.
-                            let digits = rest[n..].iter().take_while(|c| c.is_ascii_digit()).count();
-                            let end = i + 2 + n + digits;
-                            mask[i..end].fill(b' ');
-                            in_executable_comment = true;
-                            i = end;
-                            continue;
-                        }
-                        _ => {
-                            // The `*` belongs to the opening: `/*/` does not close it.
-                            state = In::BlockComment;
-                            mask[i] = b' ';
-                            i += 1;
-                        }
-                    }
-                }
-                b'*' if next == Some(b'/') && in_executable_comment => {
-                    in_executable_comment = false;
-                    mask[i] = b' ';
-                    i += 1;
-                }
-                _ => code = true,
-            },
-            In::Quote(q) => {
-                if c == b'\\' && q != b'`' {
-                    mask[i] = b' ';
-                    i += 1;
-                } else if c == q {
-                    state = In::Code;
-                }
-            }
-            In::LineComment => {
-                if c == b'\n' {
-                    state = In::Code;
-                }
-            }
-            In::BlockComment => {
-                if c == b'*' && next == Some(b'/') {
-                    state = In::Code;
-                    mask[i] = b' ';
-                    i += 1;
-                }
-            }
+    let mut mask = sql.as_bytes().to_vec();
+    for (piece, range) in pieces(sql) {
+        if piece != Piece::Code {
+            mask[range].fill(b' ');
         }
-        if !code {
-            if let Some(m) = mask.get_mut(i) {
-                *m = b' ';
-            }
-        }
-        i += 1;
     }
     // Only whole characters were blanked (every byte of one inside a quote or a
     // comment, none in code), so this is still UTF-8.
     String::from_utf8_lossy(&mask).into_owned()
+}
+
+/// What a stretch of SQL text is, as the server's lexer sees it (default sql_mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    /// Code the server parses, the inside of executable comments included.
+    Code,
+    /// A `'…'` or `"…"` string or a `` `…` `` identifier, quotes included. A doubled quote
+    /// (`'it''s'`) comes out as two adjacent pieces; an unterminated one runs to the end.
+    Quoted(u8),
+    /// A comment (`# …`, `-- …`, `/* … */`), delimiters included (a line comment's newline too).
+    Comment,
+    /// The opener (`/*!NNNNN`, `/*M!NNNNN`) or the closer (`*/`) of an executable comment.
+    Executable,
+}
+
+/// The pieces of `sql` in order, covering it whole: each [`Piece`] with its byte range.
+/// Ranges begin and end at ASCII bytes (or the ends), so they are on character boundaries.
+/// The one lexer of this crate: [`code_text`] and [`digest`] are both built on it.
+pub fn pieces(sql: &str) -> Pieces<'_> {
+    Pieces {
+        b: sql.as_bytes(),
+        i: 0,
+        in_executable: false,
+    }
+}
+
+/// The iterator of [`pieces`].
+pub struct Pieces<'a> {
+    b: &'a [u8],
+    i: usize,
+    in_executable: bool,
+}
+
+impl Pieces<'_> {
+    /// The non-code piece starting at `i`, if one does: its kind, its end, and whether
+    /// an executable comment is open after it.
+    #[inline]
+    fn special(&self, i: usize) -> Option<(Piece, usize, bool)> {
+        let b = self.b;
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        match c {
+            b'\'' | b'"' | b'`' => {
+                let mut j = i + 1;
+                while j < b.len() {
+                    if b[j] == b'\\' && c != b'`' {
+                        j += 2;
+                    } else if b[j] == c {
+                        return Some((Piece::Quoted(c), j + 1, self.in_executable));
+                    } else {
+                        j += 1;
+                    }
+                }
+                Some((Piece::Quoted(c), b.len(), self.in_executable))
+            }
+            b'#' => Some((Piece::Comment, line_end(b, i), self.in_executable)),
+            // `--` starts a comment only before whitespace or a control character.
+            b'-' if next == Some(b'-')
+                && b.get(i + 2)
+                    .is_none_or(|c| c.is_ascii_whitespace() || c.is_ascii_control()) =>
+            {
+                Some((Piece::Comment, line_end(b, i), self.in_executable))
+            }
+            b'/' if next == Some(b'*') => {
+                let rest = &b[i + 2..];
+                let opener = if rest.starts_with(b"!") {
+                    Some(1)
+                } else if rest.len() >= 2 && rest[0].eq_ignore_ascii_case(&b'm') && rest[1] == b'!' {
+                    Some(2)
+                } else {
+                    None
+                };
+                match opener {
+                    Some(n) if !self.in_executable => {
+                        // `/*!` (or `/*M!`) and the version digits; the rest runs.
+                        let digits = rest[n..].iter().take_while(|c| c.is_ascii_digit()).count();
+                        Some((Piece::Executable, i + 2 + n + digits, true))
+                    }
+                    _ => {
+                        // The `*` belongs to the opening: `/*/` does not close it.
+                        let end = rest
+                            .windows(2)
+                            .position(|w| w == b"*/")
+                            .map_or(b.len(), |p| i + 2 + p + 2);
+                        Some((Piece::Comment, end, self.in_executable))
+                    }
+                }
+            }
+            b'*' if next == Some(b'/') && self.in_executable => Some((Piece::Executable, i + 2, false)),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes at which a non-code piece may begin.
+static MAY_START_PIECE: [bool; 256] = {
+    let mut t = [false; 256];
+    let starts = b"'\"`#-/*";
+    let mut i = 0;
+    while i < starts.len() {
+        t[starts[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
+
+/// Whether a non-code piece may begin with byte `c` (quotes, `#`, `-`, `/`, `*`).
+#[inline]
+pub(crate) fn may_start_piece(c: u8) -> bool {
+    MAY_START_PIECE[c as usize]
+}
+
+impl Pieces<'_> {
+    /// For a scanner that walks the code itself (the digest): the non-code piece that
+    /// starts at byte `i`, if one does, with its end; the lexer's state moves past it.
+    /// `i` must be where the code before it ends (the lexer's state is that of the text
+    /// up to `i`), as it is when every piece is taken from here, in order.
+    pub(crate) fn piece_at(&mut self, i: usize) -> Option<(Piece, usize)> {
+        let (piece, end, open) = self.special(i)?;
+        self.in_executable = open;
+        self.i = end;
+        Some((piece, end))
+    }
+}
+
+/// The end of the line comment starting at `i`: after its newline, or the end of the text.
+fn line_end(b: &[u8], i: usize) -> usize {
+    b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |p| i + p + 1)
+}
+
+impl Iterator for Pieces<'_> {
+    type Item = (Piece, std::ops::Range<usize>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let start = self.i;
+        if start >= self.b.len() {
+            return None;
+        }
+        if let Some((piece, end, open)) = self.special(start) {
+            self.i = end;
+            self.in_executable = open;
+            return Some((piece, start..end));
+        }
+        let b = self.b;
+        let mut i = start + 1;
+        loop {
+            i += b[i.min(b.len())..]
+                .iter()
+                .position(|&c| MAY_START_PIECE[c as usize])
+                .unwrap_or(b.len().saturating_sub(i));
+            if i >= b.len() || self.special(i).is_some() {
+                break;
+            }
+            i += 1;
+        }
+        self.i = i;
+        Some((Piece::Code, start..i))
+    }
 }
 
 /// The code (see [`code_text`]) of each statement of `sql`, split at `;`.

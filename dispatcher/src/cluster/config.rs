@@ -90,6 +90,14 @@ pub struct MemberConfig {
     pub replication_host: Option<String>,
     #[serde(default)]
     pub replication_port: Option<u16>,
+    /// Throttle: requests routed to this member per second (token bucket). Absent: not
+    /// throttled. Live-changeable (admin API, `osprey throttle set`, SIGHUP).
+    #[serde(default)]
+    pub max_qps: Option<u32>,
+    /// Tokens the bucket holds at most (the burst above `max_qps` an idle member allows).
+    /// Absent: `max(1, max_qps / 10)`.
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
 
 impl MemberConfig {

@@ -46,6 +46,8 @@ fn config(galera: &Galera, priorities: &[u32]) -> ClusterConfig {
                 priority: *p,
                 replication_host: None,
                 replication_port: None,
+                max_qps: None,
+                burst: None,
             })
             .collect(),
         health: HealthConfig {

@@ -15,6 +15,8 @@ fn members() -> Vec<MemberConfig> {
             priority: 0,
             replication_host: None,
             replication_port: None,
+            max_qps: None,
+            burst: None,
         })
         .collect()
 }

@@ -45,6 +45,8 @@ fn config(sandbox: &Sandbox) -> ClusterConfig {
                 priority: 0,
                 replication_host: None,
                 replication_port: None,
+                max_qps: None,
+                burst: None,
             })
             .collect(),
         health: HealthConfig {
