@@ -243,7 +243,11 @@ async fn any_changed(health: &mut [watch::Receiver<MemberHealth>]) {
     if health.is_empty() {
         return std::future::pending().await;
     }
-    let _ = futures::future::select_all(health.iter_mut().map(|h| Box::pin(h.changed()))).await;
+    let (changed, _, _) = futures::future::select_all(health.iter_mut().map(|h| Box::pin(h.changed()))).await;
+    if changed.is_err() {
+        // A monitor ended (only at shutdown): its watch would resolve at once forever.
+        std::future::pending::<()>().await;
+    }
 }
 
 enum Decision {

@@ -416,6 +416,11 @@ impl Pool {
         }
     }
 
+    /// Whether requests are handed to workers now (a target and no hold).
+    pub fn is_dispatching(&self) -> bool {
+        Pool::dispatching(&self.lock())
+    }
+
     fn dispatching(g: &Inner) -> bool {
         g.hold.is_none() && g.target.is_some()
     }
