@@ -13,7 +13,9 @@ use tokio::time::Instant;
 use crate::config::{server_command, Layout, ServerConfig};
 use crate::galera::{self, NodeSpec};
 use crate::template::{copy_template, tail_lines};
-use crate::{ports, process, replication, SandboxError, APP_DATABASE, APP_PASSWORD, APP_USER};
+use crate::{
+    ports, process, replication, SandboxError, ADMIN_PASSWORD, ADMIN_USER, APP_DATABASE, APP_PASSWORD, APP_USER,
+};
 
 /// How many fresh ports a new instance tries when another process grabs its port first.
 const PORT_ATTEMPTS: usize = 8;
@@ -89,7 +91,9 @@ impl Drop for Server {
 ///
 /// All methods take `&self`; the process handle sits behind a mutex. Connections made with
 /// [`Instance::opts`] log in as the app account (`osprey` / `osprey-sandbox`, ALL PRIVILEGES
-/// on `*.*`) over TCP to `127.0.0.1`, default database `osprey`.
+/// on `*.*` but READ_ONLY ADMIN: it cannot write on a read-only server) over TCP to
+/// `127.0.0.1`, default database `osprey`. [`Instance::admin_opts`] log in as the admin
+/// account, which has everything (replication statements, `SET GLOBAL read_only`, `KILL`).
 #[derive(Debug)]
 pub struct Instance {
     name: String,
@@ -263,6 +267,34 @@ impl Instance {
     /// SIGSTOPped server this waits until it is continued (wrap it in `tokio::time::timeout`).
     pub async fn conn(&self) -> Result<Conn, SandboxError> {
         Conn::new(self.opts())
+            .await
+            .map_err(|e| SandboxError::mysql(&self.name, e))
+    }
+
+    /// The admin/monitor account's user name, `osprey_admin` (ALL PRIVILEGES, bypasses
+    /// `read_only`): for a failover's or a monitor's configuration.
+    pub fn monitor_user(&self) -> &str {
+        ADMIN_USER
+    }
+
+    /// The admin/monitor account's password.
+    pub fn monitor_password(&self) -> &str {
+        ADMIN_PASSWORD
+    }
+
+    /// [`Instance::opts`] for the admin account (no default database).
+    pub fn admin_opts(&self) -> Opts {
+        OptsBuilder::from_opts(self.opts())
+            .user(Some(ADMIN_USER))
+            .pass(Some(ADMIN_PASSWORD))
+            .db_name(None::<String>)
+            .into()
+    }
+
+    /// A new admin connection (see [`Instance::admin_opts`]); no connect timeout, as
+    /// [`Instance::conn`].
+    pub async fn admin_conn(&self) -> Result<Conn, SandboxError> {
+        Conn::new(self.admin_opts())
             .await
             .map_err(|e| SandboxError::mysql(&self.name, e))
     }

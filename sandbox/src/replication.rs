@@ -39,7 +39,7 @@ impl SlaveState {
 
 /// Points `replica` at the primary by GTID and starts replicating.
 pub(crate) async fn configure(replica: &Instance, primary_port: u16) -> Result<(), SandboxError> {
-    let mut conn = replica.conn().await?;
+    let mut conn = replica.admin_conn().await?;
     let sql = format!(
         "CHANGE MASTER TO master_host='127.0.0.1', master_port={primary_port}, \
          master_user='{REPL_USER}', master_password='{REPL_PASSWORD}', \
@@ -119,7 +119,7 @@ pub(crate) async fn wait_semi_sync_clients(
 
 pub(crate) async fn break_replication(replica: &Instance) -> Result<(), SandboxError> {
     ensure_replica(replica)?;
-    let mut conn = replica.conn().await?;
+    let mut conn = replica.admin_conn().await?;
     run(&mut conn, replica, "STOP SLAVE").await?;
     let _ = conn.disconnect().await;
     tracing::info!(instance = %replica.name(), "replication stopped");
@@ -128,7 +128,7 @@ pub(crate) async fn break_replication(replica: &Instance) -> Result<(), SandboxE
 
 pub(crate) async fn repair_replication(replica: &Instance) -> Result<(), SandboxError> {
     ensure_replica(replica)?;
-    let mut conn = replica.conn().await?;
+    let mut conn = replica.admin_conn().await?;
     run(&mut conn, replica, "START SLAVE").await?;
     let _ = conn.disconnect().await;
     tracing::info!(instance = %replica.name(), "replication started");
@@ -213,7 +213,7 @@ async fn replica_reaches(replica: &Instance, target: &str, deadline: Instant) ->
 
 /// The replica's replication threads, `None` when replication is not configured.
 pub(crate) async fn read_state(replica: &Instance) -> Result<Option<SlaveState>, SandboxError> {
-    let mut conn = replica.conn().await?;
+    let mut conn = replica.admin_conn().await?;
     let row: Option<Row> = conn
         .query_first("SHOW SLAVE STATUS")
         .await
