@@ -24,6 +24,9 @@ pub struct Derived {
     /// Nobody is writable but the replicas follow this reachable, read-only member that
     /// was not replaced: a switchover stopped after making it read-only. Make it writable.
     pub reopen: Option<String>,
+    /// The writable primary still has replication configured: a failover stopped between
+    /// `promote` and `detach`. Reset it.
+    pub undetached: bool,
 }
 
 fn followers(facts: &Facts, of: &str) -> usize {
@@ -97,6 +100,9 @@ pub fn derive(facts: &Facts, previous: Option<&str>, replaced: &BTreeSet<String>
             }
         }
         out.primary = best;
+    }
+    if let Some(p) = &out.primary {
+        out.undetached = facts.get(p).is_some_and(|f| !f.read_only && f.is_replica());
     }
     extra.sort();
     extra.dedup();

@@ -11,7 +11,7 @@ use super::gtid::Gtid;
 use super::ReplError;
 use crate::cluster::ClusterConfig;
 
-/// One member's `SHOW SLAVE STATUS` (the default connection).
+/// One member's replication status (`SHOW ALL SLAVES STATUS`, the default connection).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SlaveFacts {
     pub master_host: String,
@@ -107,8 +107,19 @@ pub async fn observe(conn: &mut Conn, member: &str, cluster: &ClusterConfig) -> 
     let (ro, sid, binlog, state, slave_pos, current, ss_enabled, ss_status, ss_clients) =
         row.ok_or_else(|| ReplError::Unexpected(member.to_owned(), "no row for the facts query".into()))?;
     let s = |v: Option<String>| v.unwrap_or_default();
-    let slave_row: Option<Row> = conn.query_first("SHOW SLAVE STATUS").await.map_err(err)?;
-    let slave = slave_row.map(|r| parse_slave(&r));
+    // `SHOW ALL SLAVES STATUS`, not `SHOW SLAVE STATUS`: only the former has the
+    // heartbeat columns (MariaDB 10.11). The default (unnamed) connection is the one used.
+    let rows: Vec<Row> = conn.query("SHOW ALL SLAVES STATUS").await.map_err(err)?;
+    let slave = rows
+        .iter()
+        .find(|r| {
+            r.get_opt::<Option<String>, _>("Connection_name")
+                .and_then(Result::ok)
+                .flatten()
+                .unwrap_or_default()
+                .is_empty()
+        })
+        .map(parse_slave);
     let replicates_from = slave
         .as_ref()
         .and_then(|sl| member_at(cluster, &sl.master_host, sl.master_port));

@@ -103,6 +103,7 @@ impl MajorityLock {
             // Split with another dispatcher: give ours back so that one of us can win.
             self.release().await;
             self.backoff = rand::rng().random_range(1..=3);
+            self.detail = format!("no majority: {n} of {total} (split with another dispatcher: released, backing off)");
         }
         false
     }

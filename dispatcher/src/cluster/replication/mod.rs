@@ -14,9 +14,11 @@
 //! # Fault injection (tests only)
 //! `OSPREY_FAULT_STOP_AFTER=<step>` makes the dispatcher SIGKILL itself right after that
 //! step of a failover or switchover, to test a switch a crashed dispatcher left half done.
-//! Steps, in order — failover: `verify`, `elect`, `catch_up`, `promote`, `publish`,
-//! `repoint`, `fence`; switchover: `drain`, `demote`, `catch_up`, `promote`, `publish`,
-//! `repoint`.
+//! Steps, in order — failover: `verify`, `elect`, `catch_up`, `promote` (SQL thread
+//! stopped, writable), `publish` (the view names it), `repoint` (the other replicas) and
+//! `detach` (its own replication reset) side by side, `semi_sync` (semi-sync master on,
+//! when the old primary had it), `fence` (the old primary); switchover: `drain`, `demote`,
+//! `catch_up`, `promote`, `publish`, `repoint`/`detach`, `semi_sync`.
 
 mod elect;
 mod facts;

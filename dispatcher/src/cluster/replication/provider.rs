@@ -134,9 +134,14 @@ impl Recorder {
     }
 
     fn step(&mut self, step: &'static str, ok: bool, detail: Option<String>) {
+        self.step_at(step, self.t0.elapsed(), ok, detail);
+    }
+
+    /// A step that ended at `at` (steps that ran side by side).
+    fn step_at(&mut self, step: &'static str, at: Duration, ok: bool, detail: Option<String>) {
         self.steps.push(SwitchStep {
             step,
-            at_ms: self.t0.elapsed().as_secs_f64() * 1000.0,
+            at_ms: at.as_secs_f64() * 1000.0,
             ok,
             detail,
         });
@@ -374,12 +379,31 @@ impl Provider {
         let Some(pcfg) = cluster.member(&primary).cloned() else {
             return;
         };
+        let semi = self.facts.get(&primary).is_some_and(|f| f.semi_sync_master_enabled);
+        if d.undetached {
+            let mut rec = Recorder::new();
+            let r = on_member(cluster, &primary, timeout, |c| steps::detach(c, &primary)).await;
+            rec.step("detach", r.is_ok(), r.as_ref().err().map(ToString::to_string));
+            let ev = rec.finish(
+                &cluster.name,
+                "repair",
+                None,
+                Some(&primary),
+                r.is_ok(),
+                Some(format!("{primary} was promoted but still had replication configured")),
+            );
+            self.count(&cluster.name, "repair");
+            self.events.push(ev);
+        }
         if !self.facts.contains_key(&primary) {
             return;
         }
         for s in &d.strays {
             let mut rec = Recorder::new();
-            let r = on_member(cluster, s, timeout, |c| steps::repoint(c, s, &pcfg, cluster, false)).await;
+            let r = on_member(cluster, s, timeout, |c| {
+                steps::repoint(c, s, &pcfg, cluster, false, semi)
+            })
+            .await;
             rec.step("repoint", r.is_ok(), r.as_ref().err().map(ToString::to_string));
             let ev = rec.finish(
                 &cluster.name,
@@ -415,7 +439,10 @@ impl Provider {
                 continue;
             }
             let mut rec = Recorder::new();
-            let r = on_member(cluster, &x, timeout, |c| steps::repoint(c, &x, &pcfg, cluster, true)).await;
+            let r = on_member(cluster, &x, timeout, |c| {
+                steps::repoint(c, &x, &pcfg, cluster, true, semi)
+            })
+            .await;
             rec.step("repoint", r.is_ok(), r.as_ref().err().map(ToString::to_string));
             if r.is_ok() {
                 self.reasons.remove(&x);
@@ -534,7 +561,7 @@ impl Provider {
             cluster,
             &new,
             cluster.health.connect_timeout() + Duration::from_secs(5),
-            |c| steps::promote(c, &new, semi),
+            |c| steps::promote(c, &new),
         )
         .await;
         if let Err(e) = r {
@@ -565,12 +592,7 @@ impl Provider {
         rec.step("publish", true, None);
 
         let others: Vec<String> = self.facts.keys().filter(|n| **n != new && *n != old).cloned().collect();
-        let detail = self.repoint_all(cluster, &others, &new, &[]).await;
-        rec.step(
-            "repoint",
-            detail.iter().all(|(_, r)| r.is_ok()),
-            Some(describe(&detail)),
-        );
+        self.settle(cluster, &mut rec, &new, &others, &[], semi).await;
 
         let lock = lock_name(&cluster.name);
         let r = on_member(
@@ -592,6 +614,43 @@ impl Provider {
         self.finish_switch(cluster, ev);
     }
 
+    /// After publishing `new`: re-points `others` at it while its own replication is reset
+    /// (both may take 2 s each against a hung old primary, so side by side), then turns
+    /// semi-sync on. Steps `repoint`, `detach` (, `semi_sync`).
+    async fn settle(
+        &self,
+        cluster: &ClusterConfig,
+        rec: &mut Recorder,
+        new: &str,
+        others: &[String],
+        was_primary: &[&str],
+        semi: bool,
+    ) {
+        let t0 = rec.t0;
+        let timeout = cluster.health.connect_timeout() + Duration::from_secs(5);
+        let repoint = async {
+            let r = self.repoint_all(cluster, others, new, was_primary).await;
+            (r, t0.elapsed())
+        };
+        let detach = async {
+            let r = on_member(cluster, new, timeout, |c| steps::detach(c, new)).await;
+            (r, t0.elapsed())
+        };
+        let ((rp, rp_at), (dt, dt_at)) = tokio::join!(repoint, detach);
+        let mut done = vec![
+            ("repoint", rp_at, rp.iter().all(|(_, r)| r.is_ok()), Some(describe(&rp))),
+            ("detach", dt_at, dt.is_ok(), dt.err().map(|e| e.to_string())),
+        ];
+        done.sort_by_key(|d| d.1);
+        for (step, at, ok, detail) in done {
+            rec.step_at(step, at, ok, detail);
+        }
+        if semi {
+            let r = on_member(cluster, new, timeout, |c| steps::semi_sync_master(c, new)).await;
+            rec.step("semi_sync", r.is_ok(), r.err().map(|e| e.to_string()));
+        }
+    }
+
     /// Re-points `members` at `to` in parallel; `was_primary` ones start from their binlog.
     async fn repoint_all(
         &self,
@@ -604,10 +663,11 @@ impl Provider {
             return Vec::new();
         };
         let timeout = cluster.health.connect_timeout() + Duration::from_secs(5);
+        let semi = !matches!(self.semi_sync, Some(SemiSync::Off) | None);
         let jobs = members.iter().map(|m| {
             let wp = was_primary.contains(&m.as_str());
             async move {
-                let r = on_member(cluster, m, timeout, |c| steps::repoint(c, m, to_cfg, cluster, wp)).await;
+                let r = on_member(cluster, m, timeout, |c| steps::repoint(c, m, to_cfg, cluster, wp, semi)).await;
                 (m.clone(), r)
             }
         });
@@ -659,7 +719,7 @@ impl Provider {
         }
         self.observe_all(&cluster).await;
         let old = self.primary.clone().ok_or("no primary to switch from")?;
-        if !self.facts.get(&old).is_some_and(|f| !f.read_only) {
+        if self.facts.get(&old).is_none_or(|f| f.read_only) {
             return Err(format!("the primary {old} does not answer or is not writable"));
         }
         let target = match to {
@@ -743,7 +803,7 @@ impl Provider {
             &cluster,
             &target,
             cluster.health.connect_timeout() + Duration::from_secs(5),
-            |c| steps::promote(c, &target, semi),
+            |c| steps::promote(c, &target),
         )
         .await;
         if let Err(e) = r {
@@ -762,12 +822,8 @@ impl Provider {
         self.publish(&cluster);
         rec.step("publish", true, None);
         let others: Vec<String> = self.facts.keys().filter(|n| **n != target).cloned().collect();
-        let detail = self.repoint_all(&cluster, &others, &target, &[old.as_str()]).await;
-        rec.step(
-            "repoint",
-            detail.iter().all(|(_, r)| r.is_ok()),
-            Some(describe(&detail)),
-        );
+        self.settle(&cluster, &mut rec, &target, &others, &[old.as_str()], semi)
+            .await;
         let ev = rec.finish(&cluster.name, "switchover", Some(&old), Some(&target), true, None);
         self.finish_switch(&cluster, ev.clone());
         Ok(ev)

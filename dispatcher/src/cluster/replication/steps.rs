@@ -48,30 +48,49 @@ pub async fn catch_up(mut conn: Conn, member: &str, gtid: &str, timeout: Duratio
     }
 }
 
-/// Stops replication for good and makes `member` writable; with `semi_sync` it becomes a
-/// semi-sync master, so that commits on it wait for a replica's ack as they did on the
-/// old primary.
-pub async fn promote(mut conn: Conn, member: &str, semi_sync: bool) -> Result<(), ReplError> {
-    run(&mut conn, member, "STOP SLAVE").await?;
-    run(&mut conn, member, "RESET SLAVE ALL").await?;
-    if semi_sync {
-        run(&mut conn, member, "SET GLOBAL rpl_semi_sync_master_enabled = ON").await?;
-    }
+/// Makes `member` writable: its SQL thread stops (nothing more is applied), the IO thread
+/// is left for [`detach`] after the new primary is published, because stopping an IO
+/// thread whose master hangs or is cut off takes MariaDB 2 s (its kill loop waits 2 s per
+/// attempt; seen on 10.11 with the master SIGSTOPped), and that must not be in the write gap.
+pub async fn promote(mut conn: Conn, member: &str) -> Result<(), ReplError> {
+    run(&mut conn, member, "STOP SLAVE SQL_THREAD").await?;
     run(&mut conn, member, "SET GLOBAL read_only = OFF").await
+}
+
+/// Ends replication on a promoted member for good (runs beside the re-pointing).
+pub async fn detach(mut conn: Conn, member: &str) -> Result<(), ReplError> {
+    run(&mut conn, member, "SET GLOBAL rpl_semi_sync_slave_enabled = OFF").await?;
+    run(&mut conn, member, "STOP SLAVE").await?;
+    run(&mut conn, member, "RESET SLAVE ALL").await
+}
+
+/// Makes the new primary a semi-sync master. Only once the replicas were re-pointed:
+/// enabled while none is connected, each commit would wait `rpl_semi_sync_master_timeout`.
+pub async fn semi_sync_master(mut conn: Conn, member: &str) -> Result<(), ReplError> {
+    run(&mut conn, member, "SET GLOBAL rpl_semi_sync_master_enabled = ON").await
 }
 
 /// Makes `member` a read-only GTID replica of `to`. `was_primary`: its own writes are in its
 /// binary log, not in `gtid_slave_pos`, so that position starts from its binary log.
+/// `semi_sync`: it acks as a semi-sync replica (the cluster runs semi-sync).
 pub async fn repoint(
     mut conn: Conn,
     member: &str,
     to: &MemberConfig,
     cluster: &ClusterConfig,
     was_primary: bool,
+    semi_sync: bool,
 ) -> Result<(), ReplError> {
     run(&mut conn, member, "SET GLOBAL read_only = ON").await?;
-    run(&mut conn, member, "STOP SLAVE").await?;
+    stop_slave(&mut conn, member).await?;
     run(&mut conn, member, "SET GLOBAL rpl_semi_sync_master_enabled = OFF").await?;
+    let slave_side = if semi_sync { "ON" } else { "OFF" };
+    run(
+        &mut conn,
+        member,
+        &format!("SET GLOBAL rpl_semi_sync_slave_enabled = {slave_side}"),
+    )
+    .await?;
     if was_primary {
         run(&mut conn, member, "SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos").await?;
     }
@@ -87,6 +106,10 @@ pub async fn repoint(
     }
     run(&mut conn, member, &sql).await?;
     run(&mut conn, member, "START SLAVE").await
+}
+
+async fn stop_slave(conn: &mut Conn, member: &str) -> Result<(), ReplError> {
+    run(conn, member, "STOP SLAVE").await
 }
 
 /// Makes `member` read-only and kills the application's connections on it (not
