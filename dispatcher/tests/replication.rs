@@ -207,7 +207,13 @@ async fn kill_9_of_the_primary_promotes_the_most_advanced_replica_and_the_old_on
     setup_table(&sb, 50).await;
     sb.wait_replicas_caught_up(DEADLINE).await.unwrap();
     let (primary, r1, r2) = (sb.primary(), &sb.replicas()[0], &sb.replicas()[1]);
-    let h = spawn(config(&sb, "majority", &|_| String::new()));
+    let hook_out = sb.dir().join("on_switch.out");
+    let mut cfg = config(&sb, "majority", &|_| String::new());
+    cfg.failover.on_switch = Some(format!(
+        "printf '%s %s %s %s %s' \"$OSPREY_CLUSTER\" \"$OSPREY_OLD_PRIMARY\" \"$OSPREY_NEW_PRIMARY\" \"$OSPREY_OLD_ADDR\" \"$OSPREY_NEW_ADDR\" > {}",
+        hook_out.display()
+    ));
+    let h = spawn(cfg);
 
     let v = h
         .wait("topology derived", |v| {
@@ -290,6 +296,21 @@ async fn kill_9_of_the_primary_promotes_the_most_advanced_replica_and_the_old_on
     while count_rows(r2).await != 101 {
         assert!(Instant::now() < deadline, "replica-2 did not catch up from replica-1");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The ops hook ran with the switch in its environment.
+    let expected = format!(
+        "c1 primary replica-1 127.0.0.1:{} 127.0.0.1:{}",
+        primary.port(),
+        r1.port()
+    );
+    let deadline = Instant::now() + DEADLINE;
+    while std::fs::read_to_string(&hook_out).unwrap_or_default() != expected {
+        assert!(
+            Instant::now() < deadline,
+            "on_switch: {:?}",
+            std::fs::read_to_string(&hook_out)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Semi-sync again: the new primary is a semi-sync master and replica-2 acks.
     h.wait("semi-sync on the new primary", |v| v.semi_sync == Some(SemiSync::On))
@@ -725,4 +746,164 @@ async fn a_dispatcher_killed_mid_failover_leaves_nothing_the_next_cannot_finish(
         println!("killed after {step}: the next provider finished it ({kinds:?})");
         assert_eq!(count_rows(&sb.replicas()[1]).await, 10);
     }
+}
+
+/// At start two members are writable (replica-2 was promoted by hand, nobody follows it):
+/// the one the replicas follow stays primary, the other is fenced, then rejoined (its
+/// history is contained in the primary's).
+#[tokio::test]
+async fn two_writers_at_start_the_followed_one_wins_the_other_is_fenced_and_rejoined() {
+    init_tracing();
+    let sb = Sandbox::start(2).await.unwrap();
+    setup_table(&sb, 10).await;
+    sb.wait_replicas_caught_up(DEADLINE).await.unwrap();
+    let r2 = &sb.replicas()[1];
+    exec_admin(r2, "STOP SLAVE").await;
+    exec_admin(r2, "RESET SLAVE ALL").await;
+    exec_admin(r2, "SET GLOBAL read_only = OFF").await;
+    let h = spawn(config(&sb, "majority", &|_| String::new()));
+    let v = h
+        .wait("replica-2 fenced and rejoined", |v| {
+            v.primary.as_deref() == Some("primary")
+                && v.member("replica-2").is_some_and(|m| {
+                    m.role == Role::Replica
+                        && m.replicates_from.as_deref() == Some("primary")
+                        && m.read_only == Some(true)
+                })
+        })
+        .await;
+    assert_eq!(v.status, ClusterStatus::Ok);
+    let kinds: Vec<_> = h.events.list(None).iter().map(|e| e.kind).collect();
+    assert!(kinds.contains(&"fence") && kinds.contains(&"rejoin"), "{kinds:?}");
+    let err = r2
+        .conn()
+        .await
+        .unwrap()
+        .query_drop("INSERT INTO t VALUES (99)")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, mysql_async::Error::Server(ref e) if e.code == 1290),
+        "{err:?}"
+    );
+}
+
+/// Semi-sync falls back (no replica acks): the view and the metric say so. The primary then
+/// dies with a commit no replica has; after the failover it returns with that commit in
+/// its history: it stays read-only and out (`detached`, reason: diverged).
+#[tokio::test]
+async fn semi_sync_fallback_is_reported_and_a_diverged_old_primary_stays_out() {
+    init_tracing();
+    let sb = Sandbox::start(2).await.unwrap();
+    setup_table(&sb, 10).await;
+    sb.wait_replicas_caught_up(DEADLINE).await.unwrap();
+    let (primary, r1) = (sb.primary(), &sb.replicas()[0]);
+    let h = spawn(config(&sb, "none", &|_| String::new()));
+    h.wait("semi-sync on", |v| {
+        v.primary.as_deref() == Some("primary") && v.semi_sync == Some(SemiSync::On)
+    })
+    .await;
+    for r in sb.replicas() {
+        exec_admin(r, "STOP SLAVE IO_THREAD").await;
+    }
+    // Waits rpl_semi_sync_master_timeout (2 s), then commits asynchronously.
+    primary
+        .conn()
+        .await
+        .unwrap()
+        .query_drop("INSERT INTO t VALUES (11)")
+        .await
+        .unwrap();
+    let v = h.wait("fell back", |v| v.semi_sync == Some(SemiSync::FellBack)).await;
+    let reason = v.member("primary").unwrap().reason.clone().unwrap_or_default();
+    assert!(reason.contains("fell back"), "{reason}");
+    assert!(h
+        .metrics
+        .encode()
+        .contains("osprey_semi_sync{cluster=\"c1\",state=\"fell_back\"} 1"));
+
+    primary.kill();
+    h.set_health("primary", HealthState::Down);
+    h.wait("promoted", |v| v.primary.as_deref() == Some("replica-1")).await;
+    assert_eq!(count_rows(r1).await, 10, "row 11 was never acknowledged by a replica");
+    primary.restart().await.unwrap();
+    h.set_health("primary", HealthState::Up);
+    let v = h
+        .wait("old primary detached", |v| {
+            v.member("primary")
+                .is_some_and(|m| m.role == Role::Detached && m.read_only == Some(true))
+        })
+        .await;
+    let m = v.member("primary").unwrap();
+    println!("old primary: {:?}", m.reason);
+    assert!(
+        m.reason.as_deref().unwrap_or_default().contains("diverged"),
+        "{:?}",
+        m.reason
+    );
+    assert_eq!(v.primary.as_deref(), Some("replica-1"));
+    assert!(h.events.list(None).iter().all(|e| e.kind != "rejoin"));
+}
+
+/// A switchover that cannot finish rolls back: writes that never drain (the old primary is
+/// never touched), and a target that cannot catch up (the old primary is made writable
+/// again). Either way the old primary is published again and takes writes.
+#[tokio::test]
+async fn a_switchover_that_cannot_finish_rolls_back() {
+    init_tracing();
+    let sb = Sandbox::start(2).await.unwrap();
+    setup_table(&sb, 1).await;
+    sb.wait_replicas_caught_up(DEADLINE).await.unwrap();
+    let mut cfg = config(&sb, "majority", &|_| String::new());
+    cfg.failover.switchover_timeout_ms = 1000;
+    let h = spawn(cfg);
+    h.wait("topology", |v| v.primary.as_deref() == Some("primary") && v.lock_held)
+        .await;
+    let switchover = |to: &str| {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        let cmd = Command::Switchover {
+            to: Some(to.to_owned()),
+            reply,
+        };
+        let tx = h.handle.commands.clone();
+        async move {
+            tx.send(cmd).await.unwrap();
+            rx.await.unwrap()
+        }
+    };
+
+    h.writes.send_replace(1);
+    let err = switchover("replica-1").await.unwrap_err();
+    assert!(err.contains("in flight"), "{err}");
+    h.writes.send_replace(0);
+    let v = h
+        .wait("old primary back", |v| v.primary.as_deref() == Some("primary"))
+        .await;
+    assert_eq!(v.status, ClusterStatus::Ok);
+    primary_takes_a_write(sb.primary(), 2).await;
+
+    exec_admin(&sb.replicas()[0], "STOP SLAVE IO_THREAD").await;
+    primary_takes_a_write(sb.primary(), 3).await; // replica-1 never receives it
+    let err = switchover("replica-1").await.unwrap_err();
+    assert!(err.contains("did not catch up"), "{err}");
+    h.wait("old primary back", |v| v.primary.as_deref() == Some("primary"))
+        .await;
+    primary_takes_a_write(sb.primary(), 4).await;
+    let ev = h
+        .events
+        .list(None)
+        .into_iter()
+        .rfind(|e| e.kind == "switchover")
+        .unwrap();
+    print_event("rolled back", &ev);
+    assert!(!ev.ok);
+    assert!(ev.steps.iter().any(|s| s.step == "rollback" && s.ok), "{ev:?}");
+    let mut c = sb.replicas()[0].admin_conn().await.unwrap();
+    let ro: Option<i64> = c.query_first("SELECT @@read_only").await.unwrap();
+    assert_eq!(ro, Some(1), "the target was not promoted");
+}
+
+async fn primary_takes_a_write(primary: &Instance, id: i64) {
+    let mut c = primary.conn().await.unwrap();
+    c.exec_drop("INSERT INTO t VALUES (?)", (id,)).await.unwrap();
 }

@@ -28,6 +28,9 @@ pub fn lock_name(cluster: &str) -> String {
 pub struct MajorityLock {
     /// Members where we hold it, with the connection that holds it.
     held: BTreeMap<String, Conn>,
+    /// Connections to members where another dispatcher holds it: asked again next round
+    /// without a new login each time.
+    spare: BTreeMap<String, Conn>,
     /// Rounds to wait before trying again after a back-off.
     backoff: u32,
     pub detail: String,
@@ -71,9 +74,13 @@ impl MajorityLock {
             .collect();
         let tries = missing.iter().map(|m| {
             let name = name.clone();
+            let spare = self.spare.remove(&m.name);
             async move {
                 let attempt = async {
-                    let mut conn = connect(cluster, m, timeout).await?;
+                    let mut conn = match spare {
+                        Some(c) => c,
+                        None => connect(cluster, m, timeout).await?,
+                    };
                     let got: Option<Option<i64>> = conn
                         .exec_first("SELECT GET_LOCK(?, 0)", (name.as_str(),))
                         .await
@@ -89,7 +96,10 @@ impl MajorityLock {
                 Ok(Ok((Some(1), conn))) => {
                     self.held.insert(m, conn);
                 }
-                Ok(Ok((Some(_), _))) => taken_elsewhere += 1,
+                Ok(Ok((Some(_), conn))) => {
+                    taken_elsewhere += 1;
+                    self.spare.insert(m, conn);
+                }
                 _ => {}
             }
         }

@@ -879,7 +879,12 @@ impl Provider {
     fn role_of(&self, name: &str) -> (Role, Option<String>) {
         let primary = self.primary.as_deref();
         match self.facts.get(name) {
-            Some(_) if Some(name) == primary => (Role::Primary, None),
+            Some(_) if Some(name) == primary => (
+                Role::Primary,
+                (self.semi_sync == Some(SemiSync::FellBack)).then(|| {
+                    "semi-sync fell back to asynchronous: a failover now may lose acknowledged commits".into()
+                }),
+            ),
             Some(f) if f.replicates_from.is_some() && f.replicates_from.as_deref() == primary => (Role::Replica, None),
             Some(_) if self.reasons.contains_key(name) => (Role::Detached, self.reasons.get(name).cloned()),
             Some(_) if self.replaced.contains(name) => (
