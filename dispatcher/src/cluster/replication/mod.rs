@@ -9,7 +9,9 @@
 //! - `elect`: pure decisions on facts (derive the primary, repair, verify, elect);
 //! - `steps`: the statements of a switch;
 //! - `lock`: the failover lock on a majority of members;
-//! - `provider`: the task that ties them together.
+//! - `provider`: the task: observe, derive, publish;
+//! - `repair`, `failover`, `switchover`: what the lock holder changes;
+//! - `record`: the timed steps of a switch, the ops hook.
 //!
 //! # Fault injection (tests only)
 //! `OSPREY_FAULT_STOP_AFTER=<step>` makes the dispatcher SIGKILL itself right after that
@@ -22,10 +24,14 @@
 
 mod elect;
 mod facts;
+mod failover;
 mod gtid;
 mod lock;
 mod provider;
+mod record;
+mod repair;
 mod steps;
+mod switchover;
 
 use std::time::Duration;
 
