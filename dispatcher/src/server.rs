@@ -398,8 +398,10 @@ fn sandbox_cluster(sandbox: &Sandbox) -> ClusterConfig {
         user: p.user().to_string(),
         password: p.password().to_string(),
         database: Some(p.database().to_string()),
-        monitor_user: None,
-        monitor_password: None,
+        // The app account cannot set read_only (nor write on a read-only member): the
+        // monitor and the failover log in as the sandbox's admin account.
+        monitor_user: Some(p.monitor_user().to_string()),
+        monitor_password: Some(p.monitor_password().to_string()),
         replication_user: Some(osprey_sandbox::REPL_USER.into()),
         replication_password: Some(osprey_sandbox::REPL_PASSWORD.into()),
         connect_timeout_ms: 5_000,
@@ -475,6 +477,14 @@ fn start_cluster(
     let health: Vec<_> = monitors.iter().map(|(n, m)| (n.clone(), m.health())).collect();
     let provider = match (single, cluster.topology) {
         (true, _) => manager::spawn_static(&cluster, events.clone(), stop.clone()),
+        (false, Topology::Replication) => crate::cluster::replication::spawn_replication(
+            config_tx.subscribe(),
+            health.clone(),
+            pool.busy_watch(),
+            events.clone(),
+            metrics.clone(),
+            stop.clone(),
+        ),
         _ => manager::spawn_static(&cluster, events.clone(), stop.clone()),
     };
     ClusterRuntime::start(

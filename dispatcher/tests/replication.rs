@@ -907,3 +907,40 @@ async fn primary_takes_a_write(primary: &Instance, id: i64) {
     let mut c = primary.conn().await.unwrap();
     c.exec_drop("INSERT INTO t VALUES (?)", (id,)).await.unwrap();
 }
+
+/// Failovers in a row: each dead primary is restarted (a former replica comes back
+/// read-only with no replication, the original primary writable) and rejoins.
+#[tokio::test]
+async fn failovers_in_a_row_and_each_old_primary_rejoins() {
+    init_tracing();
+    let sb = Sandbox::start(2).await.unwrap();
+    setup_table(&sb, 5).await;
+    sb.wait_replicas_caught_up(DEADLINE).await.unwrap();
+    let h = spawn(config(&sb, "none", &|_| String::new()));
+    h.wait("topology", |v| v.primary.as_deref() == Some("primary")).await;
+    let mut primary = "primary".to_owned();
+    for round in 0..3 {
+        let inst = sb.instances().find(|i| i.name() == primary).unwrap();
+        inst.kill();
+        h.set_health(&primary, HealthState::Down);
+        let old = primary.clone();
+        let v = h
+            .wait("promoted", |v| {
+                v.primary.is_some() && v.primary.as_deref() != Some(old.as_str())
+            })
+            .await;
+        let new = v.primary.clone().unwrap();
+        inst.restart().await.unwrap();
+        h.set_health(&old, HealthState::Up);
+        h.wait("old primary rejoined", |v| {
+            v.member(&old).is_some_and(|m| {
+                m.role == Role::Replica
+                    && m.replicates_from.as_deref() == Some(new.as_str())
+                    && m.io_running == Some(true)
+            })
+        })
+        .await;
+        println!("round {round}: {old} -> {new}, {old} rejoined");
+        primary = new;
+    }
+}

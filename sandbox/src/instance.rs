@@ -392,7 +392,7 @@ impl Instance {
     /// Starts the server again on the same port and datadir (after a clean shutdown if it
     /// still runs, or after a kill) and waits until it is ready: the app account can log in,
     /// and on a replica the SQL thread runs and the IO thread runs or is connecting (the
-    /// primary may be down). A replica resumes replication by itself (even if it had been
+    /// primary may be down), unless it has no replication configured (a failover promoted it). A replica resumes replication by itself (even if it had been
     /// broken with [`Instance::break_replication`]).
     ///
     /// A Galera node rejoins its cluster: its last committed position is recovered from

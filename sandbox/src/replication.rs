@@ -52,7 +52,8 @@ pub(crate) async fn configure(replica: &Instance, primary_port: u16) -> Result<(
 }
 
 /// Waits until the replica's SQL thread runs and its IO thread runs (or, with
-/// `allow_connecting`, is trying to connect to a primary that may be down).
+/// `allow_connecting`, is trying to connect to a primary that may be down, or has no
+/// replication configured at all because it was promoted).
 pub(crate) async fn wait_running(
     replica: &Instance,
     deadline: Instant,
@@ -72,6 +73,9 @@ pub(crate) async fn wait_running(
                 }
                 state.describe()
             }
+            // A restarted replica that a failover promoted has no replication any more
+            // (RESET SLAVE ALL): nothing to wait for.
+            Ok(None) if allow_connecting => return Ok(()),
             Ok(None) => "SHOW SLAVE STATUS is empty (replication not configured)".to_owned(),
             Err(e) => e.to_string(),
         };

@@ -523,6 +523,13 @@ async fn the_app_account_obeys_read_only_and_the_admin_account_does_not() {
         other => panic!("expected 1290 --read-only, got {other:?}"),
     }
 
+    // Nor may it change read_only (10.11: that takes READ_ONLY ADMIN; SUPER no longer has it).
+    let err = app.query_drop("SET GLOBAL read_only = OFF").await.unwrap_err();
+    assert!(
+        matches!(err, mysql_async::Error::Server(ref e) if e.code == 1227),
+        "{err:?}"
+    ); // ER_SPECIFIC_ACCESS_DENIED_ERROR
+
     let mut admin = replica.admin_conn().await.unwrap();
     let who: Option<String> = admin.query_first("SELECT CURRENT_USER()").await.unwrap();
     assert_eq!(who.as_deref(), Some("osprey_admin@127.0.0.1"));

@@ -135,6 +135,8 @@ impl Provider {
         rec.step("promote", true, None);
         self.set_primary(Some(new.clone()));
         self.replaced.insert(old.to_owned());
+        // It may itself have been replaced once (and rejoined since).
+        self.replaced.remove(&new);
         self.status = ClusterStatus::Ok;
         if let Some(f) = self.facts.get_mut(&new) {
             f.read_only = false;

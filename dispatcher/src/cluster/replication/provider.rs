@@ -231,6 +231,15 @@ impl Provider {
             self.maintain(&cluster, &derived).await;
         }
         self.adopt(&cluster, derived.primary.clone());
+        if let Some(p) = &self.primary {
+            // Rejoined: a replica of the primary again, no longer a replaced member.
+            let p = p.clone();
+            self.replaced.retain(|m| {
+                self.facts
+                    .get(m)
+                    .is_none_or(|f| f.replicates_from.as_deref() != Some(p.as_str()))
+            });
+        }
         if let Some(p) = self.primary.clone() {
             if let Some(f) = self.facts.get(&p) {
                 self.semi_sync = Some(semi_sync_of(f));

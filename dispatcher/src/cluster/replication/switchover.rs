@@ -122,6 +122,8 @@ impl Provider {
         }
         rec.step("promote", true, None);
         self.set_primary(Some(target.clone()));
+        self.replaced.insert(old.clone());
+        self.replaced.remove(&target);
         self.status = ClusterStatus::Ok;
         self.publish(&cluster);
         rec.step("publish", true, None);
