@@ -109,6 +109,11 @@ impl Provider {
             return;
         }
         rec.step("catch_up", true, Some(target.clone()));
+        if !self.lock.confirm(cluster, cluster.health.connect_timeout()).await {
+            self.lock_held = false;
+            self.status = ClusterStatus::NoPrimary(format!("failover to {new} stopped: {}", self.lock.detail));
+            return;
+        }
         let semi = !matches!(self.semi_sync, Some(SemiSync::Off) | None);
         let r = on_member(
             cluster,

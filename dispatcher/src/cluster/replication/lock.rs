@@ -47,21 +47,7 @@ impl MajorityLock {
         let name = lock_name(&cluster.name);
         let total = cluster.members.len();
         let need = total / 2 + 1;
-        // Still ours? A broken connection means it is gone on that member.
-        let held = std::mem::take(&mut self.held);
-        let checks = held.into_iter().map(|(m, mut conn)| {
-            let name = name.clone();
-            async move {
-                let q = conn.query_first::<Option<i64>, _>(format!("SELECT IS_USED_LOCK('{name}') = CONNECTION_ID()"));
-                let ok = matches!(tokio::time::timeout(timeout, q).await, Ok(Ok(Some(Some(1)))));
-                (m, ok.then_some(conn))
-            }
-        });
-        for (m, conn) in futures::future::join_all(checks).await {
-            if let Some(conn) = conn {
-                self.held.insert(m, conn);
-            }
-        }
+        self.check_held(&name, timeout).await;
         if self.backoff > 0 {
             self.backoff -= 1;
             self.detail = format!("backing off: {} of {total}", self.held.len());
@@ -116,6 +102,37 @@ impl MajorityLock {
             self.detail = format!("no majority: {n} of {total} (split with another dispatcher: released, backing off)");
         }
         false
+    }
+
+    /// Checks, without trying to take more, that a majority is still held: a switch asks
+    /// again right before it changes a server, since the round that granted the lock.
+    pub async fn confirm(&mut self, cluster: &ClusterConfig, timeout: Duration) -> bool {
+        if cluster.failover.lock == LockMode::None {
+            return true;
+        }
+        self.check_held(&lock_name(&cluster.name), timeout).await;
+        let (n, total) = (self.held.len(), cluster.members.len());
+        if n > total / 2 {
+            true
+        } else {
+            self.detail = format!("no majority: {n} of {total} (lost during a switch)");
+            false
+        }
+    }
+
+    /// Keeps the connections that still hold the lock; a broken one means it is gone there.
+    async fn check_held(&mut self, name: &str, timeout: Duration) {
+        let held = std::mem::take(&mut self.held);
+        let checks = held.into_iter().map(|(m, mut conn)| async move {
+            let q = conn.query_first::<Option<i64>, _>(format!("SELECT IS_USED_LOCK('{name}') = CONNECTION_ID()"));
+            let ok = matches!(tokio::time::timeout(timeout, q).await, Ok(Ok(Some(Some(1)))));
+            (m, ok.then_some(conn))
+        });
+        for (m, conn) in futures::future::join_all(checks).await {
+            if let Some(conn) = conn {
+                self.held.insert(m, conn);
+            }
+        }
     }
 
     /// Gives the lock back everywhere (shutdown, back-off).

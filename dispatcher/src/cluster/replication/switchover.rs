@@ -70,6 +70,11 @@ impl Provider {
                 )
                 .await);
         }
+        if !self.lock.confirm(&cluster, cluster.health.connect_timeout()).await {
+            self.lock_held = false;
+            let why = format!("the failover lock was lost: {}", self.lock.detail);
+            return Err(self.rollback(&cluster, rec, &old, &target, false, why).await);
+        }
         let lock = lock_name(&cluster.name);
         let budget = deadline.saturating_duration_since(Instant::now());
         let demote = on_member(&cluster, &old, budget, |c| steps::demote(c, &old, &cluster, &lock)).await;
