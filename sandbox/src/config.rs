@@ -109,7 +109,7 @@ pub(crate) fn server_command(
             config.semi_sync_timeout.as_millis()
         ));
     if !is_primary {
-        // Like a production replica; the app account (ALL PRIVILEGES) can still write.
+        // Like a production replica: the app account cannot write here (no READ_ONLY ADMIN).
         cmd.arg("--read-only=1");
     }
     cmd.args(&config.extra_args);

@@ -73,6 +73,8 @@ topology = "replication"
 user = "{user}"
 password = "{password}"
 database = "{db}"
+monitor_user = "{mu}"
+monitor_password = "{mp}"
 replication_user = "{ru}"
 replication_password = "{rp}"
 connect_timeout_ms = 1000
@@ -81,6 +83,8 @@ connect_timeout_ms = 1000
             user = p.user(),
             password = p.password(),
             db = p.database(),
+            mu = p.monitor_user(),
+            mp = p.monitor_password(),
             ru = osprey_sandbox::REPL_USER,
             rp = osprey_sandbox::REPL_PASSWORD,
         );
@@ -96,7 +100,7 @@ connect_timeout_ms = 1000
 
 /// Points a replica's IO thread at `port` (a proxy), GTID positions kept.
 pub async fn point_replica(replica: &Instance, port: u16) -> anyhow::Result<()> {
-    let mut c = replica.conn().await?;
+    let mut c = replica.admin_conn().await?;
     c.query_drop("STOP SLAVE").await?;
     c.query_drop(format!(
         "CHANGE MASTER TO master_host='127.0.0.1', master_port={port}, master_use_gtid=slave_pos, \
