@@ -405,6 +405,13 @@ impl Instance {
         let mut extra = Vec::new();
         if self.galera.is_some() {
             extra.push(galera::recover_position(self).await?);
+        } else if self.config.semi_sync {
+            // Semi-sync crash recovery (MariaDB 10.6+, MDEV-21117): a server that was
+            // primary and died rolls back and truncates from its binary log the commits no
+            // replica acknowledged (prepared, not committed: AFTER_SYNC), so that it can
+            // rejoin the new primary instead of carrying a diverged history. Harmless on a
+            // server that was a replica.
+            extra.push("--init-rpl-role=SLAVE".to_owned());
         }
         for attempt in 1..=RESTART_ATTEMPTS {
             let log_start = file_len(&self.layout.error_log());
