@@ -944,3 +944,34 @@ async fn failovers_in_a_row_and_each_old_primary_rejoins() {
         primary = new;
     }
 }
+
+/// A dispatcher that does not hold the lock, while another one runs a switchover: once the
+/// primary is read-only (demoted) and before the target is writable, the replicas still
+/// follow the old primary. Its write slots must wait, not send writes to a read-only
+/// server (each would fail with ER_OPTION_PREVENTS_STATEMENT).
+#[tokio::test]
+async fn a_read_only_primary_is_not_published_to_the_write_slots() {
+    init_tracing();
+    let sb = Sandbox::start(2).await.unwrap();
+    // "Another dispatcher" holds the lock on a majority, so ours only follows.
+    let mut holders = Vec::new();
+    for i in sb.replicas() {
+        let mut c = i.admin_conn().await.unwrap();
+        let got: Option<i64> = c.query_first("SELECT GET_LOCK('osprey_failover_c1', 0)").await.unwrap();
+        assert_eq!(got, Some(1));
+        holders.push(c);
+    }
+    let h = spawn(config(&sb, "majority", &|_| String::new()));
+    h.wait("primary published", |v| v.primary.as_deref() == Some("primary"))
+        .await;
+    assert!(!h.handle.view.borrow().lock_held);
+    // The other dispatcher's switchover demotes the primary.
+    exec_admin(sb.primary(), "SET GLOBAL read_only = ON").await;
+    let v = h.wait("writes held", |v| v.primary.is_none()).await;
+    println!("status while the primary is read-only: {:?}", v.status);
+    // It reopens (a rolled-back switchover): writes go there again.
+    exec_admin(sb.primary(), "SET GLOBAL read_only = OFF").await;
+    h.wait("primary published again", |v| v.primary.as_deref() == Some("primary"))
+        .await;
+    drop(holders);
+}
