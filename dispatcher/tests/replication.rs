@@ -975,3 +975,52 @@ async fn a_read_only_primary_is_not_published_to_the_write_slots() {
         .await;
     drop(holders);
 }
+
+/// Semi-sync waits for one replica's ack. When the one that acked the last commit is
+/// `no_promotion` and the electable one never received it, promoting that one loses an
+/// acknowledged commit: the provider must not promote, and say why.
+#[tokio::test]
+async fn an_acknowledged_commit_only_a_no_promotion_replica_has_is_not_thrown_away() {
+    init_tracing();
+    let sb = Sandbox::start(2).await.unwrap();
+    setup_table(&sb, 10).await;
+    sb.wait_replicas_caught_up(DEADLINE).await.unwrap();
+    let h = spawn(config(&sb, "none", &|name| {
+        if name == "replica-2" {
+            "no_promotion = true".into()
+        } else {
+            String::new()
+        }
+    }));
+    h.wait("topology", |v| v.primary.as_deref() == Some("primary")).await;
+    // replica-1 stops receiving; the next commit is acked by replica-2 alone.
+    exec_admin(&sb.replicas()[0], "STOP SLAVE IO_THREAD").await;
+    let mut c = sb.primary().conn().await.unwrap();
+    c.query_drop("INSERT INTO t VALUES (11)").await.unwrap();
+    let ss: Option<(String, String)> = c
+        .query_first("SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_yes_tx'")
+        .await
+        .unwrap();
+    println!("acknowledged by semi-sync: {ss:?}");
+    drop(c);
+    assert_eq!(count_rows(&sb.replicas()[1]).await, 11);
+    sb.primary().kill();
+    h.set_health("primary", HealthState::Down);
+    let v = h
+        .wait(
+            "failover refused",
+            |v| matches!(&v.status, ClusterStatus::NoPrimary(why) if why.contains("not promoting")),
+        )
+        .await;
+    println!("status: {:?}", v.status);
+    // Stays so over many rounds (100 ms): replica-1 is never made writable.
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut rx = h.handle.view.clone();
+    while Instant::now() < until {
+        let v = rx.borrow_and_update().clone();
+        assert_eq!(v.member("replica-1").unwrap().read_only, Some(true), "{:?}", v.status);
+        assert_eq!(v.primary, None);
+        let _ = tokio::time::timeout_at(until.into(), rx.changed()).await;
+    }
+    assert!(h.events.list(None).iter().all(|e| e.kind != "failover"));
+}
