@@ -944,3 +944,83 @@ async fn failovers_in_a_row_and_each_old_primary_rejoins() {
         primary = new;
     }
 }
+
+/// A dispatcher that does not hold the lock, while another one runs a switchover: once the
+/// primary is read-only (demoted) and before the target is writable, the replicas still
+/// follow the old primary. Its write slots must wait, not send writes to a read-only
+/// server (each would fail with ER_OPTION_PREVENTS_STATEMENT).
+#[tokio::test]
+async fn a_read_only_primary_is_not_published_to_the_write_slots() {
+    init_tracing();
+    let sb = Sandbox::start(2).await.unwrap();
+    // "Another dispatcher" holds the lock on a majority, so ours only follows.
+    let mut holders = Vec::new();
+    for i in sb.replicas() {
+        let mut c = i.admin_conn().await.unwrap();
+        let got: Option<i64> = c.query_first("SELECT GET_LOCK('osprey_failover_c1', 0)").await.unwrap();
+        assert_eq!(got, Some(1));
+        holders.push(c);
+    }
+    let h = spawn(config(&sb, "majority", &|_| String::new()));
+    h.wait("primary published", |v| v.primary.as_deref() == Some("primary"))
+        .await;
+    assert!(!h.handle.view.borrow().lock_held);
+    // The other dispatcher's switchover demotes the primary.
+    exec_admin(sb.primary(), "SET GLOBAL read_only = ON").await;
+    let v = h.wait("writes held", |v| v.primary.is_none()).await;
+    println!("status while the primary is read-only: {:?}", v.status);
+    // It reopens (a rolled-back switchover): writes go there again.
+    exec_admin(sb.primary(), "SET GLOBAL read_only = OFF").await;
+    h.wait("primary published again", |v| v.primary.as_deref() == Some("primary"))
+        .await;
+    drop(holders);
+}
+
+/// Semi-sync waits for one replica's ack. When the one that acked the last commit is
+/// `no_promotion` and the electable one never received it, promoting that one loses an
+/// acknowledged commit: the provider must not promote, and say why.
+#[tokio::test]
+async fn an_acknowledged_commit_only_a_no_promotion_replica_has_is_not_thrown_away() {
+    init_tracing();
+    let sb = Sandbox::start(2).await.unwrap();
+    setup_table(&sb, 10).await;
+    sb.wait_replicas_caught_up(DEADLINE).await.unwrap();
+    let h = spawn(config(&sb, "none", &|name| {
+        if name == "replica-2" {
+            "no_promotion = true".into()
+        } else {
+            String::new()
+        }
+    }));
+    h.wait("topology", |v| v.primary.as_deref() == Some("primary")).await;
+    // replica-1 stops receiving; the next commit is acked by replica-2 alone.
+    exec_admin(&sb.replicas()[0], "STOP SLAVE IO_THREAD").await;
+    let mut c = sb.primary().conn().await.unwrap();
+    c.query_drop("INSERT INTO t VALUES (11)").await.unwrap();
+    let ss: Option<(String, String)> = c
+        .query_first("SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_yes_tx'")
+        .await
+        .unwrap();
+    println!("acknowledged by semi-sync: {ss:?}");
+    drop(c);
+    assert_eq!(count_rows(&sb.replicas()[1]).await, 11);
+    sb.primary().kill();
+    h.set_health("primary", HealthState::Down);
+    let v = h
+        .wait(
+            "failover refused",
+            |v| matches!(&v.status, ClusterStatus::NoPrimary(why) if why.contains("not promoting")),
+        )
+        .await;
+    println!("status: {:?}", v.status);
+    // Stays so over many rounds (100 ms): replica-1 is never made writable.
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut rx = h.handle.view.clone();
+    while Instant::now() < until {
+        let v = rx.borrow_and_update().clone();
+        assert_eq!(v.member("replica-1").unwrap().read_only, Some(true), "{:?}", v.status);
+        assert_eq!(v.primary, None);
+        let _ = tokio::time::timeout_at(until.into(), rx.changed()).await;
+    }
+    assert!(h.events.list(None).iter().all(|e| e.kind != "failover"));
+}

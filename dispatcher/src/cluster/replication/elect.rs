@@ -170,7 +170,12 @@ pub fn elect(
                     "replicates from {}",
                     f.replicates_from.as_deref().unwrap_or("an unknown server")
                 )),
-                Some(s) if !s.sql_running => Some(format!("SQL thread stopped: {}", s.last_sql_error)),
+                // Stopped without an error (by hand, or by a dispatcher that died between
+                // the two statements of `promote`): the catch-up starts it again. With an
+                // error it would not apply what it received.
+                Some(s) if !s.sql_running && !s.last_sql_error.is_empty() => {
+                    Some(format!("SQL thread stopped: {}", s.last_sql_error))
+                }
                 Some(_) => None,
             },
         };
@@ -192,6 +197,27 @@ pub fn elect(
         None if why.is_empty() => Err("no other member".to_owned()),
         None => Err(format!("no electable replica ({})", why.join("; "))),
     }
+}
+
+/// The replicas of `old` that answered and received what `winner` did not: promoting
+/// `winner` would throw that away, and with semi-sync it may be the only copy of an
+/// acknowledged commit (the one replica that acked it may be `no_promotion`, down by its
+/// monitor or have a broken SQL thread, so not electable). Each with its received position.
+pub fn ahead_of(facts: &Facts, old: &str, winner: &str) -> Vec<(String, String)> {
+    let Some(w) = facts.get(winner) else {
+        return Vec::new();
+    };
+    let have = w.received();
+    facts
+        .iter()
+        .filter(|(n, f)| {
+            n.as_str() != winner && f.replicates_from.as_deref() == Some(old) && !have.covers(&f.received())
+        })
+        .map(|(n, f)| {
+            let pos = f.slave.as_ref().map(|s| s.gtid_io_pos.clone()).unwrap_or_default();
+            (n.clone(), pos)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -345,6 +371,46 @@ mod tests {
         let down: BTreeMap<String, HealthState> = [("b".to_owned(), HealthState::Down)].into();
         let err = elect(&c, &f, &down, Some("a"), false).unwrap_err();
         assert!(err.contains("b: down") && err.contains("c: no_promotion"), "{err}");
+    }
+
+    #[test]
+    fn a_replica_that_alone_received_the_last_commits_blocks_a_lossy_election() {
+        // c acked 0-1-11 (semi-sync waits for one replica) but may not be promoted.
+        let mut c = cluster();
+        c.members[2].no_promotion = true;
+        let h = BTreeMap::new();
+        let f = facts(vec![
+            ("b", replica("a", "Connecting", "0-1-10", "0-1-10")),
+            ("c", replica("a", "Connecting", "0-1-11", "0-1-11")),
+        ]);
+        let won = elect(&c, &f, &h, Some("a"), false).unwrap();
+        assert_eq!(won, "b");
+        assert_eq!(ahead_of(&f, "a", &won), vec![("c".to_owned(), "0-1-11".to_owned())]);
+        // Once b has it too (or c is as far as b), nothing is lost.
+        let f = facts(vec![
+            ("b", replica("a", "Connecting", "0-1-11", "0-1-10")),
+            ("c", replica("a", "Connecting", "0-1-11", "0-1-11")),
+        ]);
+        assert!(ahead_of(&f, "a", "b").is_empty());
+    }
+
+    #[test]
+    fn a_replica_whose_sql_thread_was_stopped_without_error_stays_electable() {
+        // A dispatcher died inside `promote`, after STOP SLAVE SQL_THREAD: b is the most
+        // advanced and must still win, else its received commits are lost.
+        let c = cluster();
+        let h = BTreeMap::new();
+        let mut b = replica("a", "Connecting", "0-1-11", "0-1-10");
+        b.slave.as_mut().unwrap().sql_running = false;
+        let f = facts(vec![
+            ("b", b.clone()),
+            ("c", replica("a", "Connecting", "0-1-10", "0-1-10")),
+        ]);
+        assert_eq!(elect(&c, &f, &h, Some("a"), false).unwrap(), "b");
+        b.slave.as_mut().unwrap().last_sql_error = "Duplicate entry".into();
+        let f = facts(vec![("b", b), ("c", replica("a", "Connecting", "0-1-10", "0-1-10"))]);
+        assert_eq!(elect(&c, &f, &h, Some("a"), false).unwrap(), "c");
+        assert_eq!(ahead_of(&f, "a", "c"), vec![("b".to_owned(), "0-1-11".to_owned())]);
     }
 
     #[test]

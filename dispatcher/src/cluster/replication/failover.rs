@@ -72,6 +72,16 @@ impl Provider {
                 return;
             }
         };
+        let ahead = elect::ahead_of(&self.facts, old, &new);
+        if !ahead.is_empty() {
+            let who: Vec<String> = ahead.iter().map(|(m, pos)| format!("{m} received {pos}")).collect();
+            self.status = ClusterStatus::NoPrimary(format!(
+                "primary {old} down; not promoting {new}: {} and cannot be promoted, so acknowledged \
+                 commits could be lost (make it electable, or repair by hand)",
+                who.join(", ")
+            ));
+            return;
+        }
         let f = &self.facts[&new];
         let detail = format!(
             "received {}, applied {}",

@@ -19,9 +19,27 @@ use crate::cluster::{ClusterConfig, LockMode};
 
 /// The lock's name for a cluster (at most 64 characters, MariaDB's limit).
 pub fn lock_name(cluster: &str) -> String {
-    let mut n = format!("osprey_failover_{cluster}");
-    n.truncate(64);
-    n
+    // By characters: `String::truncate` at byte 64 panics inside a multi-byte character.
+    format!("osprey_failover_{cluster}").chars().take(64).collect()
+}
+
+/// The `wait_timeout` of a lock connection. The lock lives as long as its session, and a
+/// dispatcher whose host dies or is cut off never closes it: with the account's default
+/// (`wait_timeout` = 8 h here) nobody else could take the lock, and fail over, for hours.
+/// The holder queries every connection each round, so the session only has to outlive the
+/// longest stretch without a round: one whole switch (its catch-up or switchover budget and
+/// the bounded steps after it: promote, re-point/detach, semi-sync, fence).
+pub(super) fn session_timeout(cluster: &ClusterConfig) -> Duration {
+    let connect = cluster.health.connect_timeout();
+    let wait = Duration::from_millis(
+        cluster
+            .failover
+            .catchup_timeout_ms
+            .max(cluster.failover.switchover_timeout_ms),
+    );
+    let steps = connect * 4 + Duration::from_secs(5 + 5 + 5 + 2);
+    let rounds = Duration::from_millis(cluster.health.interval_ms) * 2;
+    wait + connect + steps + rounds
 }
 
 #[derive(Debug, Default)]
@@ -47,6 +65,7 @@ impl MajorityLock {
         let name = lock_name(&cluster.name);
         let total = cluster.members.len();
         let need = total / 2 + 1;
+        let wait_s = session_timeout(cluster).as_secs() + 1;
         self.check_held(&name, timeout).await;
         if self.backoff > 0 {
             self.backoff -= 1;
@@ -65,7 +84,13 @@ impl MajorityLock {
                 let attempt = async {
                     let mut conn = match spare {
                         Some(c) => c,
-                        None => connect(cluster, m, timeout).await?,
+                        None => {
+                            let mut c = connect(cluster, m, timeout).await?;
+                            c.query_drop(format!("SET SESSION wait_timeout = {wait_s}"))
+                                .await
+                                .map_err(|e| ReplError::mysql(&m.name, e))?;
+                            c
+                        }
                     };
                     let got: Option<Option<i64>> = conn
                         .exec_first("SELECT GET_LOCK(?, 0)", (name.as_str(),))
@@ -124,7 +149,7 @@ impl MajorityLock {
     async fn check_held(&mut self, name: &str, timeout: Duration) {
         let held = std::mem::take(&mut self.held);
         let checks = held.into_iter().map(|(m, mut conn)| async move {
-            let q = conn.query_first::<Option<i64>, _>(format!("SELECT IS_USED_LOCK('{name}') = CONNECTION_ID()"));
+            let q = conn.exec_first::<Option<i64>, _, _>("SELECT IS_USED_LOCK(?) = CONNECTION_ID()", (name,));
             let ok = matches!(tokio::time::timeout(timeout, q).await, Ok(Ok(Some(Some(1)))));
             (m, ok.then_some(conn))
         });
@@ -140,5 +165,66 @@ impl MajorityLock {
         for (_, conn) in std::mem::take(&mut self.held) {
             let _ = tokio::time::timeout(Duration::from_millis(500), conn.disconnect()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use osprey_sandbox::Sandbox;
+
+    use super::*;
+
+    #[test]
+    fn the_lock_name_is_cut_by_characters() {
+        let n = lock_name(&format!("x{}", "é".repeat(60)));
+        assert_eq!(n.chars().count(), 64);
+        assert_eq!(lock_name("c1"), "osprey_failover_c1");
+    }
+
+    /// A holder whose host died (or was cut off) never closes its sessions: the server must
+    /// end them itself, soon enough for another dispatcher to take over.
+    #[tokio::test]
+    async fn a_lock_whose_holder_vanished_is_free_again_after_the_session_timeout() {
+        let sb = Sandbox::start(0).await.unwrap();
+        let p = sb.primary();
+        let toml = format!(
+            "name = \"c'1\"\nuser = \"{}\"\npassword = \"{}\"\nmonitor_user = \"{}\"\nmonitor_password = \"{}\"\n\
+             [health]\ninterval_ms = 100\nwindow_ms = 1000\n\
+             [failover]\ncatchup_timeout_ms = 100\nswitchover_timeout_ms = 100\n\
+             [[member]]\nname = \"{}\"\nhost = \"{}\"\nport = {}\n",
+            p.user(),
+            p.password(),
+            p.monitor_user(),
+            p.monitor_password(),
+            p.name(),
+            p.host(),
+            p.port()
+        );
+        let cluster: ClusterConfig = toml::from_str(&toml).unwrap();
+        let t = Duration::from_secs(2);
+        let mut a = MajorityLock::default();
+        assert!(a.round(&cluster, t).await, "{}", a.detail);
+        // A quoted cluster name: the holder still sees that it holds it.
+        assert!(a.confirm(&cluster, t).await, "{}", a.detail);
+        // The holder's host vanishes: its sockets stay open, nothing more comes on them.
+        for (_, c) in std::mem::take(&mut a.held) {
+            std::mem::forget(c);
+        }
+        let mut b = MajorityLock::default();
+        assert!(!b.round(&cluster, t).await);
+        let bound = session_timeout(&cluster) + Duration::from_secs(3);
+        let start = Instant::now();
+        while !b.round(&cluster, t).await {
+            assert!(
+                start.elapsed() < bound,
+                "still held by the vanished holder after {:?}: {}",
+                start.elapsed(),
+                b.detail
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        eprintln!("taken over after {:?} (bound {bound:?})", start.elapsed());
     }
 }

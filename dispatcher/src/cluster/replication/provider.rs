@@ -243,7 +243,16 @@ impl Provider {
         if let Some(p) = self.primary.clone() {
             if let Some(f) = self.facts.get(&p) {
                 self.semi_sync = Some(semi_sync_of(f));
-                self.status = ClusterStatus::Ok;
+                self.status = if f.read_only {
+                    // Nobody is writable and the replicas follow it: a switchover (ours
+                    // crashed, or another dispatcher's) between demote and promote. Writes
+                    // sent now would fail; they wait until someone is writable.
+                    ClusterStatus::NoPrimary(format!(
+                        "{p} is read-only (a switchover is running or stopped half way)"
+                    ))
+                } else {
+                    ClusterStatus::Ok
+                };
             } else if self.health_of(&p) == HealthState::Down {
                 self.primary_down(&cluster, &p).await;
             } else {

@@ -53,6 +53,12 @@ impl Provider {
                 let mut rec = Recorder::new();
                 let r = on_member(cluster, p, timeout, |c| steps::reopen(c, p)).await;
                 rec.step("reopen", r.is_ok(), r.as_ref().err().map(ToString::to_string));
+                if r.is_ok() {
+                    // Published as serving in this very round, not one round later.
+                    if let Some(f) = self.facts.get_mut(p) {
+                        f.read_only = false;
+                    }
+                }
                 let ev = rec.finish(
                     &cluster.name,
                     "repair",

@@ -34,6 +34,9 @@ pub async fn catch_up(mut conn: Conn, member: &str, gtid: &str, timeout: Duratio
     if gtid.is_empty() {
         return Ok(());
     }
+    // Its SQL thread may have been stopped without an error (a dispatcher that died inside
+    // `promote`): it would never reach `gtid`. A running one only gets a note.
+    run(&mut conn, member, "START SLAVE SQL_THREAD").await?;
     let r: Option<Option<i64>> = conn
         .exec_first("SELECT MASTER_GTID_WAIT(?, ?)", (gtid, timeout.as_secs_f64()))
         .await
