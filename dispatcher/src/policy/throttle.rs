@@ -328,6 +328,30 @@ impl Throttle {
         }
     }
 
+    /// Whether any member has a limit: without one the request path need not even name
+    /// the member a request goes to.
+    pub fn any_limit(&self) -> bool {
+        !self.buckets.read().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// The non-waiting half of [`Throttle::acquire`]: `true` when `member` has no limit or
+    /// a token was taken at once (nobody waiting); `false` when the request would have to
+    /// queue (or be refused): then call `acquire`, off the caller's loop.
+    pub fn try_acquire(&self, member: &str) -> bool {
+        let bucket = match self.buckets.read().unwrap_or_else(|e| e.into_inner()).get(member) {
+            None => return true,
+            Some(b) => b.clone(),
+        };
+        let mut s = bucket.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.refill(Instant::now());
+        if s.queue.is_empty() && s.tokens >= 1.0 {
+            s.tokens -= 1.0;
+            bucket.counters.accepted.inc();
+            return true;
+        }
+        false
+    }
+
     /// Takes a token for a request routed to `member`, waiting in its queue if needed.
     /// Cancel-safe: dropping the future gives the place (and any token not yet handed) up.
     pub async fn acquire(&self, member: &str) -> Result<(), Throttled> {

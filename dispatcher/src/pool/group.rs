@@ -272,6 +272,11 @@ impl Pool {
         &self.cluster
     }
 
+    /// The member the group's workers serve now (`None` until the cluster names one).
+    pub fn target_member(&self) -> Option<String> {
+        self.lock().target.as_ref().map(|t| t.member.clone())
+    }
+
     /// Whether slot id `index` belongs to this group.
     pub fn owns(&self, index: u32) -> bool {
         index / GROUP_SLOTS == self.base / GROUP_SLOTS
@@ -1193,6 +1198,7 @@ mod tests {
                 received,
                 queue_deadline: received + Duration::from_secs(60),
                 attempts: 0,
+                digest: None,
             }
         }
 
@@ -1631,6 +1637,7 @@ mod tests {
             received,
             queue_deadline: received + Duration::from_secs(60),
             attempts: 0,
+            digest: None,
         };
         assert!(groups[0].submit(job).is_ok());
         assert_eq!(metrics.queue_depth.get(), 1);
