@@ -517,3 +517,67 @@ async fn a_throttled_member_slows_no_other() -> anyhow::Result<()> {
     assert!(slowest < Duration::from_millis(200), "b was slowed: {slowest:?}");
     Ok(())
 }
+
+/// `osprey digests …` and `osprey throttle …` against a running dispatcher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_lists_blocks_unblocks_and_sets_the_throttle() -> anyhow::Result<()> {
+    let c = Cluster::start("[backend]\nmax_qps = 1000\n").await?;
+    let d = &c.dispatcher;
+    let common: Vec<String> = vec![
+        "--addr".into(),
+        d.client_addr.to_string(),
+        "--token".into(),
+        d.client_token.clone(),
+        "--admin".into(),
+        d.admin_addr.to_string(),
+        "--admin-token".into(),
+        d.admin_token.clone(),
+    ];
+    let osprey = |args: Vec<String>| {
+        let common = common.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(osprey_tests::harness::bin_dir().join("osprey"))
+                .args(&common)
+                .args(&args)
+                .output()
+                .expect("run osprey");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+    };
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let (code, out, err) = osprey(args(&["throttle"])).await?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("default/primary") && out.contains("1000.0"), "{out}");
+    let (code, out, err) = osprey(args(&["throttle", "set", "primary", "20", "--burst", "5"])).await?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("default/primary: max_qps 20.0 burst 5.0"), "{out}");
+
+    let (code, _, err) = osprey(args(&["sql", "SELECT 40 + 2"])).await?;
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out2, err) = osprey(args(&["digests", "block", "select 1 + 1"])).await?;
+    assert_eq!(code, Some(0), "{err}");
+    let id = out2
+        .split_whitespace()
+        .nth(1)
+        .map(|s| s.trim_end_matches(':').to_string())
+        .expect("an id");
+    let (code, _, err) = osprey(args(&["sql", "SELECT 40 + 2"])).await?;
+    assert_eq!(code, Some(1), "blocked");
+    assert!(err.contains("SQL_BLOCKED") && err.contains(&id), "{err}");
+    let (code, out, err) = osprey(args(&["digests", "blocked"])).await?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&id) && out.contains("manual"), "{out}");
+    let (code, out, err) = osprey(args(&["digests"])).await?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("SELECT ? + ?") && out.contains("blocked"), "{out}");
+    let (code, out, err) = osprey(args(&["digests", "unblock", &id])).await?;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(&id), "{out}");
+    let (code, _, err) = osprey(args(&["sql", "SELECT 40 + 2"])).await?;
+    assert_eq!(code, Some(0), "{err}");
+    Ok(())
+}

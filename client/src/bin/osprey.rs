@@ -303,7 +303,12 @@ fn digests_cmd(cli: &Cli, cmd: Option<&DigestsCmd>) -> anyhow::Result<ExitCode> 
             Some(serde_json::json!({ "sql": sql, "ttl_s": ttl })),
             false,
         ),
-        DigestsCmd::Unblock { id } => ("POST", format!("/digests/{}/unblock", url_escape(id)), None, false),
+        DigestsCmd::Unblock { id } => (
+            "POST",
+            format!("/digests/{}/unblock", url_escape(id)),
+            Some(serde_json::json!({})),
+            false,
+        ),
     };
     let (code, text) = http(&cli.admin, method, &path, &token, body)?;
     if !(200..300).contains(&code) {

@@ -505,6 +505,35 @@ async fn dispense(bucket: Arc<Bucket>) {
 mod tests {
     use super::*;
 
+    /// The request path's fast path: no limit or a token at hand → `true` (a token
+    /// taken); no token, or someone already waiting (FIFO) → `false`, nothing taken.
+    #[tokio::test]
+    async fn try_acquire_takes_only_a_token_at_hand() {
+        let t = Arc::new(Throttle::new(ThrottleSettings {
+            wait: Duration::from_secs(5),
+            queue_capacity: 8,
+        }));
+        assert!(!t.any_limit());
+        assert!(t.try_acquire("free"));
+        t.set_limit("m", Some(Limit::new(1.0, Some(2.0))));
+        assert!(t.any_limit());
+        assert!(t.try_acquire("m") && t.try_acquire("m"));
+        assert!(!t.try_acquire("m"), "the bucket is empty");
+        let waiter = {
+            let t = t.clone();
+            tokio::spawn(async move { t.acquire("m").await })
+        };
+        while t.status()[0].waiting == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Even once a token accrues, the waiter gets it first.
+        t.set_limit("m", Some(Limit::new(1000.0, Some(1.0))));
+        waiter.await.unwrap().unwrap();
+        assert_eq!(t.status()[0].accepted, 3);
+        t.set_limit("m", None);
+        assert!(!t.any_limit());
+    }
+
     /// Offers 4× `max_qps` for `secs` (one request every 1/(4·qps) s, each its own task)
     /// and measures the accepted rate over the steady part (after the first second, which
     /// drains the burst). Returns (accepted rate, rejected count).
