@@ -581,3 +581,42 @@ async fn the_cli_lists_blocks_unblocks_and_sets_the_throttle() -> anyhow::Result
     assert_eq!(code, Some(0), "{err}");
     Ok(())
 }
+
+/// A statement whose bitmap bit is that of a blocked digest (found by search) still runs:
+/// the bit only sends the check to the exact set of blocked digests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_sharing_a_bit_with_a_blocked_one_runs() -> anyhow::Result<()> {
+    const BITS: u64 = (1 << 20) - 1;
+    let c = Cluster::start("").await?;
+    let d = &c.dispatcher;
+    let client = d.client().await?;
+    let (code, body) = d
+        .admin_post(
+            "/digests/block",
+            serde_json::json!({ "sql": "SELECT 1 AS blocked_one" }),
+        )
+        .await?;
+    assert_eq!(code, 200, "{body}");
+    let target = osprey_sql::digest("SELECT 1 AS blocked_one");
+    // `SELECT ? AS cN` is its own digest text: search its hashes for the same low 20 bits.
+    let n = (0u64..200_000_000)
+        .find(|n| osprey_sql::digest_hash(format!("SELECT ? AS c{n}").as_bytes()) & BITS == target.hash & BITS)
+        .expect("a colliding statement");
+    let sql = format!("SELECT 7 AS c{n}");
+    let twin = osprey_sql::digest(&sql);
+    assert_eq!(twin.text, format!("SELECT ? AS c{n}"));
+    assert_ne!(twin.hash, target.hash);
+    assert_eq!(twin.hash & BITS, target.hash & BITS);
+    eprintln!(
+        "{sql:?} ({}) shares bit {} with {}",
+        twin.id(),
+        twin.hash & BITS,
+        target.id()
+    );
+    let e = client.query("SELECT 2 AS blocked_one", &[]).await.expect_err("blocked");
+    assert!(blocked(&e), "{e:?}");
+    client.query(sql, &[]).await?;
+    let m = d.metrics().await?;
+    assert!(m.contains("osprey_sql_bitmap_false_hits_total 1"), "{m}");
+    Ok(())
+}
