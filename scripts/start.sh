@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the whole system on the local default: installs MariaDB if it is missing,
 # builds the dispatcher and worker, and runs the dispatcher, which starts its own
-# MariaDB sandbox (primary + 1 replica) in a temp dir when no backend is configured.
+# MariaDB sandbox (a primary and two replicas, failover on) in a temp dir when no backend
+# or cluster is configured.
 # Extra arguments go to osprey-dispatcher (e.g. --config osprey.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."

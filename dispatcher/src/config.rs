@@ -677,10 +677,16 @@ impl Config {
             .collect()
     }
 
-    /// The most slots this config can run at once (fixed size, or the elastic maximum):
-    /// what the file-descriptor reserve is sized for.
+    /// The most slots this config can run at once (fixed size, or the elastic maximum,
+    /// for each cluster's write slots): what the file-descriptor reserve is sized for.
     pub fn max_pool_size(&self) -> usize {
-        self.initial_pool_size().max(self.pool.max.unwrap_or(0))
+        self.initial_pool_size().max(self.pool.max.unwrap_or(0)) * self.slot_groups()
+    }
+
+    /// Slot groups the dispatcher runs: one per cluster (`[backend]` and the embedded
+    /// default are one cluster).
+    pub fn slot_groups(&self) -> usize {
+        self.clusters.len().max(1)
     }
 
     /// The wait queue's bounds and caps.
@@ -873,5 +879,18 @@ host = "10.0.1.1"
         let text = "[[cluster]]\nname = \"m\"\nuser = \"a\"\n[[cluster.member]]\nname = \"x\"\nhost = \"h\"\n[cluster.health]\ninterval_ms = 500\nwindow_ms = 1000\nfail_threshold = 3\n";
         let c: Config = toml::from_str(text).unwrap();
         assert!(c.validate().is_err());
+    }
+
+    /// Review finding: with several clusters each runs `pool.size` write slots, and the
+    /// file-descriptor reserve was sized for one.
+    #[test]
+    fn the_slot_reserve_counts_every_cluster() {
+        let one = "[[cluster]]\nname = \"a\"\nuser = \"u\"\n[[cluster.member]]\nname = \"m\"\nhost = \"h\"\n";
+        let two = format!("{one}{}", one.replace("\"a\"", "\"b\""));
+        let c: Config = toml::from_str(&format!("[pool]\nsize = 10\n{one}")).unwrap();
+        assert_eq!(c.max_pool_size(), 10);
+        let c: Config = toml::from_str(&format!("[pool]\nsize = 10\n{two}")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.max_pool_size(), 20);
     }
 }

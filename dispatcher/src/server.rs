@@ -477,8 +477,10 @@ fn sandbox_cluster(sandbox: &Sandbox) -> ClusterConfig {
         user: p.user().to_string(),
         password: p.password().to_string(),
         database: Some(p.database().to_string()),
-        monitor_user: None,
-        monitor_password: None,
+        // The app account cannot set read_only (nor write on a read-only member): the
+        // monitor and the failover log in as the sandbox's admin account.
+        monitor_user: Some(p.monitor_user().to_string()),
+        monitor_password: Some(p.monitor_password().to_string()),
         replication_user: Some(osprey_sandbox::REPL_USER.into()),
         replication_password: Some(osprey_sandbox::REPL_PASSWORD.into()),
         connect_timeout_ms: 5_000,
@@ -562,7 +564,14 @@ fn start_cluster(
         (false, Topology::GroupReplication) => {
             group_replication::spawn_group_replication(cfg, health.clone(), events, metrics, stop_p)
         }
-        (false, Topology::Replication) => manager::spawn_static(&cluster, events, stop_p),
+        (false, Topology::Replication) => crate::cluster::replication::spawn_replication(
+            cfg,
+            health.clone(),
+            pool.busy_watch(),
+            events,
+            metrics,
+            stop_p,
+        ),
     };
     ClusterRuntime::start(
         config_tx,

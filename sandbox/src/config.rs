@@ -107,9 +107,14 @@ pub(crate) fn server_command(
         .arg(format!(
             "--rpl-semi-sync-master-timeout={}",
             config.semi_sync_timeout.as_millis()
-        ));
+        ))
+        // The commit waits for the ack between the binary log and the engine: a commit the
+        // client saw acknowledged is on a replica, and one that was not is only prepared on
+        // the primary, so a primary that dies can roll it back when it comes back (see
+        // `Instance::restart`). Every instance may become primary, so all get it.
+        .arg("--rpl-semi-sync-master-wait-point=AFTER_SYNC");
     if !is_primary {
-        // Like a production replica; the app account (ALL PRIVILEGES) can still write.
+        // Like a production replica: the app account cannot write here (no READ_ONLY ADMIN).
         cmd.arg("--read-only=1");
     }
     cmd.args(&config.extra_args);

@@ -13,7 +13,9 @@ use tokio::time::Instant;
 use crate::config::{server_command, Layout, ServerConfig};
 use crate::galera::{self, NodeSpec};
 use crate::template::{copy_template, tail_lines};
-use crate::{ports, process, replication, SandboxError, APP_DATABASE, APP_PASSWORD, APP_USER};
+use crate::{
+    ports, process, replication, SandboxError, ADMIN_PASSWORD, ADMIN_USER, APP_DATABASE, APP_PASSWORD, APP_USER,
+};
 
 /// How many fresh ports a new instance tries when another process grabs its port first.
 const PORT_ATTEMPTS: usize = 8;
@@ -89,7 +91,9 @@ impl Drop for Server {
 ///
 /// All methods take `&self`; the process handle sits behind a mutex. Connections made with
 /// [`Instance::opts`] log in as the app account (`osprey` / `osprey-sandbox`, ALL PRIVILEGES
-/// on `*.*`) over TCP to `127.0.0.1`, default database `osprey`.
+/// on `*.*` but READ_ONLY ADMIN: it cannot write on a read-only server) over TCP to
+/// `127.0.0.1`, default database `osprey`. [`Instance::admin_opts`] log in as the admin
+/// account, which has everything (replication statements, `SET GLOBAL read_only`, `KILL`).
 #[derive(Debug)]
 pub struct Instance {
     name: String,
@@ -267,6 +271,34 @@ impl Instance {
             .map_err(|e| SandboxError::mysql(&self.name, e))
     }
 
+    /// The admin/monitor account's user name, `osprey_admin` (ALL PRIVILEGES, bypasses
+    /// `read_only`): for a failover's or a monitor's configuration.
+    pub fn monitor_user(&self) -> &str {
+        ADMIN_USER
+    }
+
+    /// The admin/monitor account's password.
+    pub fn monitor_password(&self) -> &str {
+        ADMIN_PASSWORD
+    }
+
+    /// [`Instance::opts`] for the admin account (no default database).
+    pub fn admin_opts(&self) -> Opts {
+        OptsBuilder::from_opts(self.opts())
+            .user(Some(ADMIN_USER))
+            .pass(Some(ADMIN_PASSWORD))
+            .db_name(None::<String>)
+            .into()
+    }
+
+    /// A new admin connection (see [`Instance::admin_opts`]); no connect timeout, as
+    /// [`Instance::conn`].
+    pub async fn admin_conn(&self) -> Result<Conn, SandboxError> {
+        Conn::new(self.admin_opts())
+            .await
+            .map_err(|e| SandboxError::mysql(&self.name, e))
+    }
+
     /// The server's process id while it runs (`None` after it was killed, shut down or exited).
     pub fn pid(&self) -> Option<u32> {
         let mut guard = self.lock();
@@ -360,7 +392,7 @@ impl Instance {
     /// Starts the server again on the same port and datadir (after a clean shutdown if it
     /// still runs, or after a kill) and waits until it is ready: the app account can log in,
     /// and on a replica the SQL thread runs and the IO thread runs or is connecting (the
-    /// primary may be down). A replica resumes replication by itself (even if it had been
+    /// primary may be down), unless it has no replication configured (a failover promoted it). A replica resumes replication by itself (even if it had been
     /// broken with [`Instance::break_replication`]).
     ///
     /// A Galera node rejoins its cluster: its last committed position is recovered from
@@ -373,6 +405,13 @@ impl Instance {
         let mut extra = Vec::new();
         if self.galera.is_some() {
             extra.push(galera::recover_position(self).await?);
+        } else if self.config.semi_sync {
+            // Semi-sync crash recovery (MariaDB 10.6+, MDEV-21117): a server that was
+            // primary and died rolls back and truncates from its binary log the commits no
+            // replica acknowledged (prepared, not committed: AFTER_SYNC), so that it can
+            // rejoin the new primary instead of carrying a diverged history. Harmless on a
+            // server that was a replica.
+            extra.push("--init-rpl-role=SLAVE".to_owned());
         }
         for attempt in 1..=RESTART_ATTEMPTS {
             let log_start = file_len(&self.layout.error_log());

@@ -18,7 +18,8 @@
 //! ```
 //!
 //! Accounts: the app account [`APP_USER`] / [`APP_PASSWORD`] has ALL PRIVILEGES on `*.*` from
-//! `127.0.0.1` (TCP) and `localhost` (socket); database [`APP_DATABASE`] exists; replicas log in
+//! `127.0.0.1` (TCP) and `localhost` (socket) except READ_ONLY ADMIN (it cannot write on a
+//! read-only server); the admin account [`ADMIN_USER`] has everything; database [`APP_DATABASE`] exists; replicas log in
 //! to the primary as [`REPL_USER`]. `root@localhost` has no password.
 //!
 //! Clean-up: dropping the [`Sandbox`] (also during a panic) SIGKILLs its servers, reaps them
@@ -58,6 +59,11 @@ pub const APP_USER: &str = "osprey";
 pub const APP_PASSWORD: &str = "osprey-sandbox";
 /// The database created on every instance.
 pub const APP_DATABASE: &str = "osprey";
+/// The admin/monitor account: ALL PRIVILEGES (it may write on a read-only server, change
+/// replication, kill connections). The app account cannot bypass `read_only`.
+pub const ADMIN_USER: &str = "osprey_admin";
+/// The admin account's password.
+pub const ADMIN_PASSWORD: &str = "osprey-admin-sandbox";
 /// The account replicas use to connect to the primary (REPLICATION SLAVE only).
 pub const REPL_USER: &str = "repl";
 /// The replication account's password.

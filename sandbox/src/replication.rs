@@ -39,7 +39,7 @@ impl SlaveState {
 
 /// Points `replica` at the primary by GTID and starts replicating.
 pub(crate) async fn configure(replica: &Instance, primary_port: u16) -> Result<(), SandboxError> {
-    let mut conn = replica.conn().await?;
+    let mut conn = replica.admin_conn().await?;
     let sql = format!(
         "CHANGE MASTER TO master_host='127.0.0.1', master_port={primary_port}, \
          master_user='{REPL_USER}', master_password='{REPL_PASSWORD}', \
@@ -52,7 +52,8 @@ pub(crate) async fn configure(replica: &Instance, primary_port: u16) -> Result<(
 }
 
 /// Waits until the replica's SQL thread runs and its IO thread runs (or, with
-/// `allow_connecting`, is trying to connect to a primary that may be down).
+/// `allow_connecting`, is trying to connect to a primary that may be down, or has no
+/// replication configured at all because it was promoted).
 pub(crate) async fn wait_running(
     replica: &Instance,
     deadline: Instant,
@@ -72,6 +73,9 @@ pub(crate) async fn wait_running(
                 }
                 state.describe()
             }
+            // A restarted replica that a failover promoted has no replication any more
+            // (RESET SLAVE ALL): nothing to wait for.
+            Ok(None) if allow_connecting => return Ok(()),
             Ok(None) => "SHOW SLAVE STATUS is empty (replication not configured)".to_owned(),
             Err(e) => e.to_string(),
         };
@@ -119,7 +123,7 @@ pub(crate) async fn wait_semi_sync_clients(
 
 pub(crate) async fn break_replication(replica: &Instance) -> Result<(), SandboxError> {
     ensure_replica(replica)?;
-    let mut conn = replica.conn().await?;
+    let mut conn = replica.admin_conn().await?;
     run(&mut conn, replica, "STOP SLAVE").await?;
     let _ = conn.disconnect().await;
     tracing::info!(instance = %replica.name(), "replication stopped");
@@ -128,7 +132,7 @@ pub(crate) async fn break_replication(replica: &Instance) -> Result<(), SandboxE
 
 pub(crate) async fn repair_replication(replica: &Instance) -> Result<(), SandboxError> {
     ensure_replica(replica)?;
-    let mut conn = replica.conn().await?;
+    let mut conn = replica.admin_conn().await?;
     run(&mut conn, replica, "START SLAVE").await?;
     let _ = conn.disconnect().await;
     tracing::info!(instance = %replica.name(), "replication started");
@@ -213,7 +217,7 @@ async fn replica_reaches(replica: &Instance, target: &str, deadline: Instant) ->
 
 /// The replica's replication threads, `None` when replication is not configured.
 pub(crate) async fn read_state(replica: &Instance) -> Result<Option<SlaveState>, SandboxError> {
-    let mut conn = replica.conn().await?;
+    let mut conn = replica.admin_conn().await?;
     let row: Option<Row> = conn
         .query_first("SHOW SLAVE STATUS")
         .await

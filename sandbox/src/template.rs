@@ -18,10 +18,10 @@ use std::time::UNIX_EPOCH;
 use tokio::sync::OnceCell;
 
 use crate::binaries::Binaries;
-use crate::{SandboxError, APP_DATABASE, APP_PASSWORD, APP_USER, REPL_PASSWORD, REPL_USER};
+use crate::{SandboxError, ADMIN_PASSWORD, ADMIN_USER, APP_DATABASE, APP_PASSWORD, APP_USER, REPL_PASSWORD, REPL_USER};
 
 /// Bump when the template's contents change.
-const TEMPLATE_VERSION: u32 = 1;
+const TEMPLATE_VERSION: u32 = 2;
 /// Marks a complete template (written last, before the rename).
 const MARKER: &str = "osprey-sandbox-template.ok";
 /// InnoDB redo log size; the server is started with the same value (the default, 96M, makes
@@ -31,13 +31,24 @@ pub(crate) const INNODB_LOG_FILE_SIZE: &str = "8M";
 fn template_sql() -> String {
     // `FLUSH PRIVILEGES` loads the grant tables, which bootstrap mode skips; without it
     // `CREATE USER` fails with 1290 (--skip-grant-tables).
+    //
+    // ALL PRIVILEGES includes READ_ONLY ADMIN, which lets an account write on a server with
+    // `read_only=ON`: the app account loses it, so that fencing a primary (read_only=ON) really
+    // stops the application's writes, as it would in production. The admin account keeps
+    // everything (the failover, the monitor and the tests' replication statements use it).
     format!(
         "FLUSH PRIVILEGES;\n\
          CREATE DATABASE IF NOT EXISTS `{APP_DATABASE}`;\n\
          CREATE USER '{APP_USER}'@'127.0.0.1' IDENTIFIED BY '{APP_PASSWORD}';\n\
          GRANT ALL PRIVILEGES ON *.* TO '{APP_USER}'@'127.0.0.1' WITH GRANT OPTION;\n\
+         REVOKE READ_ONLY ADMIN ON *.* FROM '{APP_USER}'@'127.0.0.1';\n\
          CREATE USER '{APP_USER}'@'localhost' IDENTIFIED BY '{APP_PASSWORD}';\n\
          GRANT ALL PRIVILEGES ON *.* TO '{APP_USER}'@'localhost' WITH GRANT OPTION;\n\
+         REVOKE READ_ONLY ADMIN ON *.* FROM '{APP_USER}'@'localhost';\n\
+         CREATE USER '{ADMIN_USER}'@'127.0.0.1' IDENTIFIED BY '{ADMIN_PASSWORD}';\n\
+         GRANT ALL PRIVILEGES ON *.* TO '{ADMIN_USER}'@'127.0.0.1' WITH GRANT OPTION;\n\
+         CREATE USER '{ADMIN_USER}'@'localhost' IDENTIFIED BY '{ADMIN_PASSWORD}';\n\
+         GRANT ALL PRIVILEGES ON *.* TO '{ADMIN_USER}'@'localhost' WITH GRANT OPTION;\n\
          CREATE USER '{REPL_USER}'@'127.0.0.1' IDENTIFIED BY '{REPL_PASSWORD}';\n\
          GRANT REPLICATION SLAVE ON *.* TO '{REPL_USER}'@'127.0.0.1';\n"
     )

@@ -500,3 +500,40 @@ async fn a_server_that_cannot_start_reports_its_error_log() {
         "the log tail names the problem: {err}"
     );
 }
+
+/// Fencing a primary means `read_only=ON` stops the application: the app account must not
+/// bypass it (ALL PRIVILEGES would, through READ_ONLY ADMIN); the admin account may.
+#[tokio::test]
+async fn the_app_account_obeys_read_only_and_the_admin_account_does_not() {
+    let sandbox = Sandbox::start(1).await.unwrap();
+    let (primary, replica) = (sandbox.primary(), &sandbox.replicas()[0]);
+    primary
+        .conn()
+        .await
+        .unwrap()
+        .query_drop("CREATE TABLE t (id INT PRIMARY KEY)")
+        .await
+        .unwrap();
+    sandbox.wait_replicas_caught_up(DEADLINE).await.unwrap();
+
+    let mut app = replica.conn().await.unwrap();
+    let err = app.query_drop("INSERT INTO t VALUES (1)").await.unwrap_err();
+    match err {
+        mysql_async::Error::Server(e) => assert_eq!(e.code, 1290, "{e:?}"), // ER_OPTION_PREVENTS_STATEMENT
+        other => panic!("expected 1290 --read-only, got {other:?}"),
+    }
+
+    // Nor may it change read_only (10.11: that takes READ_ONLY ADMIN; SUPER no longer has it).
+    let err = app.query_drop("SET GLOBAL read_only = OFF").await.unwrap_err();
+    assert!(
+        matches!(err, mysql_async::Error::Server(ref e) if e.code == 1227),
+        "{err:?}"
+    ); // ER_SPECIFIC_ACCESS_DENIED_ERROR
+
+    let mut admin = replica.admin_conn().await.unwrap();
+    let who: Option<String> = admin.query_first("SELECT CURRENT_USER()").await.unwrap();
+    assert_eq!(who.as_deref(), Some("osprey_admin@127.0.0.1"));
+    admin.query_drop("INSERT INTO osprey.t VALUES (2)").await.unwrap();
+    admin.query_drop("SET GLOBAL read_only = ON").await.unwrap();
+    assert_eq!(replica.monitor_user(), "osprey_admin");
+}

@@ -83,13 +83,17 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
             let total = writer.last_ack().saturating_duration_since(killed).as_secs_f64() * 1e3;
-            let events = d.admin_get("/cluster/events").await?;
-            let event = events["events"]
-                .as_array()
-                .and_then(|e| e.get(events_before..))
-                .and_then(|e| e.iter().find(|e| e["kind"] == "failover"))
-                .cloned()
-                .unwrap_or_default();
+            // The switch is logged once all its steps ended (re-pointing comes after the
+            // new primary is published): wait for it.
+            let event = wait_for(Duration::from_secs(15), "the failover in the switch log", || async {
+                let events = d.admin_get("/cluster/events").await.ok()?;
+                events["events"]
+                    .as_array()
+                    .and_then(|e| e.get(events_before..))
+                    .and_then(|e| e.iter().find(|e| e["kind"] == "failover"))
+                    .cloned()
+            })
+            .await?;
             let started = event["started"].as_f64().unwrap_or(0.0);
             let promote = event["steps"]
                 .as_array()

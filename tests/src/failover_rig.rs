@@ -73,6 +73,8 @@ topology = "replication"
 user = "{user}"
 password = "{password}"
 database = "{db}"
+monitor_user = "{mu}"
+monitor_password = "{mp}"
 replication_user = "{ru}"
 replication_password = "{rp}"
 connect_timeout_ms = 1000
@@ -81,6 +83,8 @@ connect_timeout_ms = 1000
             user = p.user(),
             password = p.password(),
             db = p.database(),
+            mu = p.monitor_user(),
+            mp = p.monitor_password(),
             ru = osprey_sandbox::REPL_USER,
             rp = osprey_sandbox::REPL_PASSWORD,
         );
@@ -96,7 +100,7 @@ connect_timeout_ms = 1000
 
 /// Points a replica's IO thread at `port` (a proxy), GTID positions kept.
 pub async fn point_replica(replica: &Instance, port: u16) -> anyhow::Result<()> {
-    let mut c = replica.conn().await?;
+    let mut c = replica.admin_conn().await?;
     c.query_drop("STOP SLAVE").await?;
     c.query_drop(format!(
         "CHANGE MASTER TO master_host='127.0.0.1', master_port={port}, master_use_gtid=slave_pos, \
@@ -179,14 +183,19 @@ pub struct WriterReport {
     pub dispatched_errors: Vec<String>,
     /// Longest time between two acknowledged writes.
     pub longest_gap: Duration,
-    /// When each id was acknowledged, in order.
-    pub ack_times: Vec<(u64, Instant)>,
+    /// For each acknowledged id: when its INSERT was sent and when it was acknowledged.
+    pub ack_times: Vec<(u64, Instant, Instant)>,
 }
 
 impl WriterReport {
-    /// The first acknowledgement after `t`, and how long after `t` it came.
+    /// How long after `t` the first write *sent* after `t` was acknowledged: the write gap
+    /// of a fault at `t` (a write already in flight at `t` may still be acknowledged by the
+    /// dying primary and says nothing about the new one).
     pub fn first_ack_after(&self, t: Instant) -> Option<Duration> {
-        self.ack_times.iter().find(|(_, at)| *at > t).map(|(_, at)| *at - t)
+        self.ack_times
+            .iter()
+            .find(|(_, sent, _)| *sent > t)
+            .map(|(_, _, acked)| *acked - t)
     }
 }
 
@@ -197,6 +206,8 @@ pub struct Writer {
     handle: tokio::task::JoinHandle<WriterReport>,
     pub next: Arc<AtomicU64>,
     last_ack: Arc<Mutex<Instant>>,
+    /// When the last acknowledged write was sent.
+    last_sent_ack: Arc<Mutex<Instant>>,
 }
 
 impl Writer {
@@ -218,12 +229,20 @@ impl Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let next = Arc::new(AtomicU64::new(1));
         let last_ack = Arc::new(Mutex::new(Instant::now()));
-        let handle = tokio::spawn(write_loop(client, stop.clone(), next.clone(), last_ack.clone()));
+        let last_sent_ack = Arc::new(Mutex::new(Instant::now()));
+        let handle = tokio::spawn(write_loop(
+            client,
+            stop.clone(),
+            next.clone(),
+            last_ack.clone(),
+            last_sent_ack.clone(),
+        ));
         Ok(Writer {
             stop,
             handle,
             next,
             last_ack,
+            last_sent_ack,
         })
     }
 
@@ -241,6 +260,12 @@ impl Writer {
         *self.last_ack.lock().unwrap()
     }
 
+    /// When the last acknowledged write was sent (after a fault at `t`: it says the new
+    /// primary serves once this is after `t`).
+    pub fn last_sent_ack(&self) -> Instant {
+        *self.last_sent_ack.lock().unwrap()
+    }
+
     pub async fn stop(self) -> anyhow::Result<WriterReport> {
         self.stop.store(true, Ordering::Relaxed);
         Ok(self.handle.await?)
@@ -252,11 +277,13 @@ async fn write_loop(
     stop: Arc<AtomicBool>,
     next: Arc<AtomicU64>,
     last_ack: Arc<Mutex<Instant>>,
+    last_sent_ack: Arc<Mutex<Instant>>,
 ) -> WriterReport {
     let mut report = WriterReport::default();
     let mut id = 1u64;
     let mut prev = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        let sent = Instant::now();
         match client
             .execute("INSERT INTO failover_ids (id) VALUES (?)", &[Value::UInt(id)])
             .await
@@ -264,10 +291,11 @@ async fn write_loop(
             Ok(_) => {
                 report.acked.insert(id);
                 let now = Instant::now();
-                report.ack_times.push((id, now));
+                report.ack_times.push((id, sent, now));
                 report.longest_gap = report.longest_gap.max(now - prev);
                 prev = now;
                 *last_ack.lock().unwrap() = now;
+                *last_sent_ack.lock().unwrap() = sent;
                 id += 1;
                 next.store(id, Ordering::Relaxed);
             }

@@ -264,7 +264,8 @@ async fn resize(State(state): State<AdminState>, Json(body): Json<Resize>) -> Re
     if state.ctx.draining.is_cancelled() {
         return (StatusCode::CONFLICT, "the dispatcher is draining\n").into_response();
     }
-    if let Err(e) = state.fds.fits(&state.ctx.config, body.size) {
+    // Every cluster's write slots take the new size.
+    if let Err(e) = state.fds.fits(&state.ctx.config, body.size * state.ctx.groups.len()) {
         return (StatusCode::CONFLICT, format!("pool size {} refused: {e}\n", body.size)).into_response();
     }
     state.supervisor.resize(body.size);

@@ -44,6 +44,25 @@ pub struct FactorLabel {
     pub factor: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterKindLabel {
+    pub cluster: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberRoleLabel {
+    pub cluster: String,
+    pub member: String,
+    pub role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterStateLabel {
+    pub cluster: String,
+    pub state: String,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     /// Galera: 1 for the node writes go to, 0 for the other members.
@@ -76,6 +95,14 @@ pub struct Metrics {
     pub member_up: Family<MemberLabel, Gauge>,
     pub probe_failures: Family<FactorLabel, Counter>,
     pub probe_rounds: Family<MemberLabel, Counter>,
+    /// Switches by cluster and kind (failover, switchover, followed, repair, fence, rejoin).
+    pub failovers: Family<ClusterKindLabel, Counter>,
+    /// Failover and switchover durations, first step to last.
+    pub failover_duration: Histogram,
+    /// 1 for each member's current role, 0 for the others.
+    pub member_role: Family<MemberRoleLabel, Gauge>,
+    /// 1 for the primary's semi-sync state (on, fell_back, off), 0 for the others.
+    pub semi_sync: Family<ClusterStateLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -213,8 +240,37 @@ impl Metrics {
         );
         let probe_rounds = Family::<MemberLabel, Counter>::default();
         registry.register("probe_rounds", "Health probe rounds by member", probe_rounds.clone());
+        let failovers = Family::<ClusterKindLabel, Counter>::default();
+        registry.register(
+            "failovers",
+            "Cluster switches by kind (failover, switchover, followed, repair, fence, rejoin)",
+            failovers.clone(),
+        );
+        // 10 ms .. ~82 s.
+        let failover_duration = Histogram::new(exponential_buckets(0.01, 2.0, 14));
+        registry.register(
+            "failover_duration_seconds",
+            "Duration of failovers and switchovers, first step to last",
+            failover_duration.clone(),
+        );
+        let member_role = Family::<MemberRoleLabel, Gauge>::default();
+        registry.register(
+            "member_role",
+            "1 for the member's current role (primary, replica, fenced, detached, unknown)",
+            member_role.clone(),
+        );
+        let semi_sync = Family::<ClusterStateLabel, Gauge>::default();
+        registry.register(
+            "semi_sync",
+            "1 for the primary's semi-sync state (on, fell_back, off)",
+            semi_sync.clone(),
+        );
         Metrics {
             registry,
+            failovers,
+            failover_duration,
+            member_role,
+            semi_sync,
             requests,
             latency,
             queue_wait,

@@ -33,9 +33,11 @@ pub struct ClusterConfig {
     pub password: String,
     #[serde(default)]
     pub database: Option<String>,
-    /// The account of the monitor, the failover and the delay probe (needs `SUPER` or
-    /// `READ_ONLY ADMIN`, `REPLICATION SLAVE ADMIN`, `CONNECTION ADMIN`, `PROCESS`).
-    /// Absent: the application account.
+    /// The account of the monitor, the failover and the delay probe (needs `READ_ONLY
+    /// ADMIN` — on MariaDB 10.11 `SUPER` no longer includes it, and without it
+    /// `SET GLOBAL read_only` fails with 1227 —, `REPLICATION SLAVE ADMIN`,
+    /// `CONNECTION ADMIN`, `PROCESS`). Absent: the application account, which should not
+    /// have READ_ONLY ADMIN (it would write through a fence).
     #[serde(default)]
     pub monitor_user: Option<String>,
     #[serde(default)]

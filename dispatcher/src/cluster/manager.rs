@@ -125,7 +125,14 @@ impl ClusterRuntime {
                 last = text;
             }
             match decision {
-                Decision::Target(member, settings) => self.pool.set_target(&member, *settings),
+                Decision::Target(member, settings) => {
+                    if let Some(old) = self.pool.target_member().filter(|old| *old != member) {
+                        if self.health_of(&old) == Some(HealthState::Down) {
+                            self.pool.abandon_member(&old);
+                        }
+                    }
+                    self.pool.set_target(&member, *settings)
+                }
                 Decision::Hold(why) => self.pool.hold(why),
                 Decision::Unavailable(why) => self.pool.set_unavailable(why),
             }
@@ -176,6 +183,13 @@ impl ClusterRuntime {
             ),
             None => Decision::Hold(format!("primary {primary} is not a configured member")),
         }
+    }
+
+    fn health_of(&self, member: &str) -> Option<HealthState> {
+        self.health
+            .iter()
+            .find(|(n, _)| n == member)
+            .map(|(_, h)| h.borrow().state)
     }
 
     pub fn in_maintenance(&self, member: &str) -> bool {
@@ -243,7 +257,11 @@ async fn any_changed(health: &mut [watch::Receiver<MemberHealth>]) {
     if health.is_empty() {
         return std::future::pending().await;
     }
-    let _ = futures::future::select_all(health.iter_mut().map(|h| Box::pin(h.changed()))).await;
+    let (changed, _, _) = futures::future::select_all(health.iter_mut().map(|h| Box::pin(h.changed()))).await;
+    if changed.is_err() {
+        // A monitor ended (only at shutdown): its watch would resolve at once forever.
+        std::future::pending::<()>().await;
+    }
 }
 
 enum Decision {

@@ -346,6 +346,62 @@ impl Pool {
         self.publish_states(&g);
     }
 
+    /// The worker of `index` lost its database session (it answered `DATABASE_FATAL`
+    /// and exits). The other idle workers of the same target share its fate when the
+    /// server died or the network to it broke: they are retired now (fresh ones replace
+    /// them), so that the next requests wait for a working session instead of each
+    /// meeting a dead one (each would end with an outcome-unknown error).
+    pub fn session_lost(self: &Arc<Self>, index: u32, generation: u64) {
+        let mut g = self.lock();
+        let Some(epoch) = g
+            .slots
+            .get(&index)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.target.as_ref().map(|t| t.epoch))
+        else {
+            return;
+        };
+        let idle: Vec<u32> = g
+            .slots
+            .iter()
+            .filter(|(i, s)| {
+                **i != index && s.state == SlotState::Idle && s.target.as_ref().is_some_and(|t| t.epoch == epoch)
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        if !idle.is_empty() {
+            tracing::info!(cluster = %self.cluster, slot = index, retired = idle.len(), "a session died: idle sessions to the same member retired");
+        }
+        for i in idle {
+            self.retarget_slot(&mut g, i);
+        }
+        self.publish_states(&g);
+    }
+
+    /// The member the workers serve now died for us (failover): the requests in flight on
+    /// its workers will never be answered (a dead or cut-off server), so those workers are
+    /// killed and each request ends with `WORKER_LOST` (dispatched: outcome unknown) now,
+    /// rather than at `request_timeout`.
+    pub fn abandon_member(self: &Arc<Self>, member: &str) {
+        let g = self.lock();
+        let busy: Vec<(u32, u64)> = g
+            .slots
+            .iter()
+            .filter(|(_, s)| {
+                s.state == SlotState::Busy && s.link.is_some() && s.target.as_ref().is_some_and(|t| t.member == member)
+            })
+            .map(|(i, s)| (*i, s.generation))
+            .collect();
+        drop(g);
+        for (index, generation) in busy {
+            self.kill(
+                index,
+                generation,
+                "its member failed over while a request was in flight",
+            );
+        }
+    }
+
     /// Stops dispatching (requests wait, bounded by their queue deadline); in-flight
     /// requests finish. `why` shows in status.
     pub fn hold(&self, why: String) {
@@ -419,6 +475,16 @@ impl Pool {
             }
             SlotState::Quitting => {}
         }
+    }
+
+    /// The member the group's workers serve now (`None` before the cluster names one).
+    pub fn target_member(&self) -> Option<String> {
+        self.lock().target.as_ref().map(|t| t.member.clone())
+    }
+
+    /// Whether requests are handed to workers now (a target and no hold).
+    pub fn is_dispatching(&self) -> bool {
+        Pool::dispatching(&self.lock())
     }
 
     fn dispatching(g: &Inner) -> bool {
@@ -1691,5 +1757,38 @@ mod tests {
             assert_eq!(errors, want, "connection {conn}");
         }
         assert!(!f.conns[0].0.closed.load(Ordering::Relaxed));
+    }
+
+    /// After kill -9 of the primary, each idle worker still holds a dead session: without
+    /// this, the next requests would meet them one by one, each ending outcome-unknown.
+    #[test]
+    fn a_lost_session_retires_the_other_idle_sessions_of_its_member() {
+        let mut f = fixture(3, 1, &[], no_caps());
+        f.submit(0, 1);
+        let (slot, _job) = f.delivered().pop().expect("delivered");
+        f.pool.session_lost(slot, f.links[slot as usize].0);
+        let (view, _) = f.pool.view();
+        assert_eq!((view.idle, view.busy, view.quitting), (0, 1, 2), "{view:?}");
+        // The next request waits for a fresh worker instead of meeting a dead session.
+        f.submit(0, 2);
+        assert!(f.delivered().is_empty());
+        assert_eq!(f.pool.queue_depth(), 1);
+    }
+
+    /// A request in flight on a primary that failed over (killed or cut off) is never
+    /// answered by it: its worker is killed so that the request ends now (WORKER_LOST),
+    /// not at request_timeout.
+    #[test]
+    fn abandoning_a_member_kills_its_busy_workers_only() {
+        let mut f = fixture(3, 1, &[], no_caps());
+        f.submit(0, 1);
+        assert_eq!(f.delivered().len(), 1);
+        let kills = f.pool.metrics.worker_kills.get();
+        f.pool.abandon_member("other");
+        assert_eq!(f.pool.view().0.busy, 1, "another member's name abandons nothing");
+        f.pool.abandon_member("m");
+        let (view, _) = f.pool.view();
+        assert_eq!((view.busy, view.idle, view.starting), (0, 2, 1), "{view:?}");
+        assert_eq!(f.pool.metrics.worker_kills.get(), kills + 1);
     }
 }

@@ -303,6 +303,11 @@ impl Relay {
                                 return Err("response frame on the wrong stream");
                             }
                             cur.errored = true;
+                            if is_fatal(&frame) && !cur.fatal {
+                                // Before the client hears of it (and sends its next request):
+                                // the other idle sessions to this member likely died too.
+                                self.pool.session_lost(self.slot, self.generation);
+                            }
                             cur.fatal |= is_fatal(&frame);
                             if cur.client_alive && !cur.stalled && !self.forward(&mut cur.guard, frame).await? {
                                 // The client is gone: stop the statement, keep draining to END.

@@ -269,7 +269,9 @@ impl Supervisor {
             }
             for (pool, idle_since) in groups.iter().zip(idle_since.iter_mut()) {
                 let size = pool.target_size();
-                if pool.queue_depth() > 0 {
+                // Requests that wait through a hold (switch, member down) are not load:
+                // more slots for a member that cannot serve would only crash-loop.
+                if pool.queue_depth() > 0 && pool.is_dispatching() {
                     *idle_since = None;
                     if size < max {
                         self.resize_group(pool, size + 1);
