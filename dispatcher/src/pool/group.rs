@@ -272,11 +272,6 @@ impl Pool {
         &self.cluster
     }
 
-    /// The member the group's workers serve now (`None` until the cluster names one).
-    pub fn target_member(&self) -> Option<String> {
-        self.lock().target.as_ref().map(|t| t.member.clone())
-    }
-
     /// Whether slot id `index` belongs to this group.
     pub fn owns(&self, index: u32) -> bool {
         index / GROUP_SLOTS == self.base / GROUP_SLOTS
