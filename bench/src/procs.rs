@@ -160,6 +160,11 @@ session_reset = "{session_reset}"
             ),
             None => config,
         };
+        // An A/B of a setting with one binary (e.g. `[intercept]\nenabled = false`).
+        let config = match std::env::var("OSPREY_BENCH_DISPATCHER_EXTRA") {
+            Ok(extra) => format!("{config}\n{extra}\n"),
+            Err(_) => config,
+        };
         let config_path = dir.path().join("osprey.toml");
         std::fs::write(&config_path, config)?;
         let mut cmd = Command::new(bin_dir.join("osprey-dispatcher"));

@@ -104,6 +104,7 @@ fn job(f: &Fixture, stream: u32) -> Job {
         received,
         queue_deadline: received + Duration::from_secs(1),
         attempts: 0,
+        digest: None,
     }
 }
 

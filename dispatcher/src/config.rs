@@ -310,6 +310,11 @@ pub struct Backend {
     /// Absent: `host`.
     #[serde(default)]
     pub ssl_server_name: Option<String>,
+    /// The member's throttle, as on `[[cluster.member]]` (absent: not throttled).
+    #[serde(default)]
+    pub max_qps: Option<u32>,
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
 
 fn default_backend_name() -> String {
@@ -507,8 +512,8 @@ impl Backend {
                 priority: 0,
                 replication_host: None,
                 replication_port: None,
-                max_qps: None,
-                burst: None,
+                max_qps: self.max_qps,
+                burst: self.burst,
             }],
             health: HealthConfig::default(),
             failover: FailoverConfig {
@@ -652,10 +657,12 @@ impl Config {
         }
     }
 
-    /// Every throttled member: (cluster, member, limit).
+    /// Every throttled member: (cluster, member, limit); `[backend]` is cluster `default`.
     pub fn throttle_limits(&self) -> Vec<(String, String, Limit)> {
-        self.clusters
+        let backend = self.backend.as_ref().map(Backend::as_cluster);
+        backend
             .iter()
+            .chain(&self.clusters)
             .flat_map(|c| {
                 c.members.iter().filter_map(|m| {
                     m.max_qps.map(|q| {

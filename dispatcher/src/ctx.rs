@@ -11,6 +11,7 @@ use crate::admin::metrics::Metrics;
 use crate::cluster::events::EventLog;
 use crate::cluster::ClusterRuntime;
 use crate::config::Config;
+use crate::policy::Policy;
 use crate::pool::{Pool, GROUP_SLOTS};
 
 pub struct Ctx {
@@ -24,6 +25,9 @@ pub struct Ctx {
     /// Switches of every cluster (`GET /cluster/events`).
     pub events: Arc<EventLog>,
     pub metrics: Arc<Metrics>,
+    /// Slow-SQL interception, the slow log and the per-member throttle (one for all
+    /// clusters; throttle buckets are keyed `cluster/member`).
+    pub policy: Arc<Policy>,
     pub client_tokens: Vec<String>,
     pub admin_token: String,
     /// Per-boot secret a worker must present; handed to workers on stdin.
@@ -50,6 +54,7 @@ impl Ctx {
         clusters: Vec<Arc<ClusterRuntime>>,
         events: Arc<EventLog>,
         metrics: Arc<Metrics>,
+        policy: Arc<Policy>,
         client_tokens: Vec<String>,
         admin_token: String,
         secret: String,
@@ -67,6 +72,7 @@ impl Ctx {
             clusters,
             events,
             metrics,
+            policy,
             client_tokens,
             admin_token,
             secret,
@@ -95,6 +101,11 @@ impl Ctx {
     /// The group slot id `index` belongs to.
     pub fn group_of_slot(&self, index: u32) -> Option<&Arc<Pool>> {
         self.groups.get((index / GROUP_SLOTS) as usize)
+    }
+
+    /// The throttle bucket of `member` of `cluster`: two clusters never share one.
+    pub fn throttle_key(cluster: &str, member: &str) -> String {
+        format!("{cluster}/{member}")
     }
 
     pub fn next_conn_id(&self) -> u64 {

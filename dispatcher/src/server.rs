@@ -20,6 +20,7 @@ use crate::client::listen;
 use crate::client::tls::ServerTls;
 use crate::cluster::events::EventLog;
 use crate::cluster::health::{spawn_monitor, MonitorHandle, MonitorTarget};
+use crate::cluster::ClusterView;
 use crate::cluster::{
     galera, group_replication, manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, MemberConfig,
     Topology,
@@ -27,6 +28,7 @@ use crate::cluster::{
 use crate::config::{self, Config};
 use crate::ctx::{random_token, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
+use crate::policy::{Limit, Policy, SlowLogTarget};
 use crate::pool::supervisor::Supervisor;
 use crate::pool::Pool;
 
@@ -43,12 +45,25 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     config.validate()?;
     // Before anything opens a descriptor or starts a process (children inherit the limit).
     let fd_budget = fds::start(&config)?;
-    let metrics = Arc::new(Metrics::new());
 
     // With neither [backend] nor [[cluster]], bring up a local MariaDB sandbox (a
     // primary and two replicas): the embedded default for a first run. It lives (and
     // dies) with this process.
     let (clusters, _sandbox) = resolve_clusters(&config).await?;
+
+    // One policy for every cluster; its slow log goes to the first cluster's primary
+    // (`slow_log_target`, filled in once that cluster's provider runs).
+    let intercept = config.intercept_config();
+    let (slow_log_target, slow_log_rx) = watch::channel(None);
+    let (policy, _slow_log_writer) = Policy::new(
+        intercept.settings(),
+        config.throttle.settings(),
+        throttle_limits(&config),
+        intercept.slow_log_settings().map(|s| (s, slow_log_rx)),
+    );
+    let mut metrics = Metrics::new();
+    policy.register_metrics(&mut metrics.registry);
+    let metrics = Arc::new(metrics);
     let dir = config.listen.runtime_dir.clone().unwrap_or_else(runtime_dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating runtime dir {}", dir.display()))?;
     let (client_tokens, admin_token) = tokens(&config, &dir)?;
@@ -105,12 +120,20 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .zip(&groups)
         .map(|((c, single), pool)| start_cluster(c, single, &config, pool.clone(), &events, &metrics, &cluster_stop))
         .collect();
+    if let Some(first) = runtimes.first() {
+        tokio::spawn(follow_slow_log_target(
+            first.provider.view.clone(),
+            first.config(),
+            slow_log_target,
+        ));
+    }
     let ctx = Arc::new(Ctx::new(
         config.clone(),
         groups,
         runtimes,
         events,
         metrics,
+        policy,
         client_tokens,
         admin_token,
         random_token(),
@@ -343,6 +366,17 @@ fn reload(
                 group.set_limits(new.queue_limits());
             }
             reload_clusters(ctx, &new);
+            let intercept = new.intercept_config();
+            // (Turning interception off and on again keeps the writer started at boot.)
+            let slow_log = intercept.slow_log_settings();
+            if slow_log.is_some() && slow_log != ctx.config.intercept_config().slow_log_settings() {
+                warn!(
+                    "SIGHUP: slow-log settings (intercept.slow_log*) need a restart; the rest of [intercept] applies"
+                );
+            }
+            ctx.policy
+                .reload(intercept.settings(), new.throttle.settings(), throttle_limits(&new));
+            info!("SIGHUP: [intercept], [throttle] and the members' max_qps applied (limits set through the admin API are replaced)");
             match (tls, &new.listen.tls) {
                 (Some(tls), Some(files)) => reload_tls(tls, files),
                 (None, None) => {}
@@ -363,6 +397,48 @@ fn reload(
             }
         }
         Err(e) => error!("SIGHUP: config not reloaded: {e}"),
+    }
+}
+
+/// The members' throttle limits of `config`, keyed `cluster/member`.
+fn throttle_limits(config: &Config) -> Vec<(String, Limit)> {
+    config
+        .throttle_limits()
+        .into_iter()
+        .map(|(cluster, member, limit)| (Ctx::throttle_key(&cluster, &member), limit))
+        .collect()
+}
+
+/// Points the slow log at the cluster's primary as the topology provider names it (its
+/// host and port from the cluster's config, the application account), `None` while
+/// there is none. Ends when the provider or the slow log stops.
+async fn follow_slow_log_target(
+    mut view: watch::Receiver<ClusterView>,
+    config: watch::Receiver<Arc<ClusterConfig>>,
+    target: watch::Sender<Option<SlowLogTarget>>,
+) {
+    loop {
+        let next = {
+            let v = view.borrow_and_update();
+            let c = config.borrow();
+            v.primary.as_ref().and_then(|p| {
+                c.members.iter().find(|m| &m.name == p).map(|m| SlowLogTarget {
+                    host: m.host.clone(),
+                    port: m.port,
+                    user: c.user.clone(),
+                    password: c.password.clone(),
+                })
+            })
+        };
+        target.send_if_modified(|t| {
+            let changed = *t != next;
+            *t = next;
+            changed
+        });
+        tokio::select! {
+            r = view.changed() => if r.is_err() { return },
+            _ = target.closed() => return,
+        }
     }
 }
 

@@ -89,6 +89,59 @@ enum Cmd {
         #[command(subcommand)]
         cmd: Option<ClusterCmd>,
     },
+    /// Statement digests: the top ones, the blocked ones; block and unblock.
+    Digests {
+        #[command(subcommand)]
+        cmd: Option<DigestsCmd>,
+    },
+    /// The per-member throttle: status, and live limits.
+    Throttle {
+        #[command(subcommand)]
+        cmd: Option<ThrottleCmd>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DigestsCmd {
+    /// The most executed and the most time-consuming digests, with their state (the default).
+    Top {
+        /// Rows per list.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The blocked digests.
+    Blocked {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Block a statement (its digest: every statement that differs only in its values).
+    Block {
+        sql: String,
+        /// Seconds the block lasts (default: until unblocked).
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
+    /// Lift a block (ID: the 16 hex digits of the digest, as SQL_BLOCKED names it).
+    Unblock { id: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum ThrottleCmd {
+    /// Every throttled member: rate, tokens, waiting, waited, rejected (the default).
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set MEMBER's rate (0: no limit), live, until the next SIGHUP.
+    Set {
+        member: String,
+        qps: f64,
+        /// Tokens the bucket holds at most (default: a tenth of a second's worth).
+        #[arg(long)]
+        burst: Option<f64>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -232,7 +285,174 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Cluster { ref cmd } => cluster_cmd(&cli, cmd.as_ref()),
+        Cmd::Digests { ref cmd } => digests_cmd(&cli, cmd.as_ref()),
+        Cmd::Throttle { ref cmd } => throttle_cmd(&cli, cmd.as_ref()),
     }
+}
+
+fn digests_cmd(cli: &Cli, cmd: Option<&DigestsCmd>) -> anyhow::Result<ExitCode> {
+    let token = admin_token(cli)?;
+    let top = DigestsCmd::Top { limit: 20, json: false };
+    let cmd = cmd.unwrap_or(&top);
+    let (method, path, body, json) = match cmd {
+        DigestsCmd::Top { limit, json } => ("GET", format!("/digests?limit={limit}"), None, *json),
+        DigestsCmd::Blocked { json } => ("GET", "/digests/blocked".into(), None, *json),
+        DigestsCmd::Block { sql, ttl } => (
+            "POST",
+            "/digests/block".into(),
+            Some(serde_json::json!({ "sql": sql, "ttl_s": ttl })),
+            false,
+        ),
+        DigestsCmd::Unblock { id } => (
+            "POST",
+            format!("/digests/{}/unblock", url_escape(id)),
+            Some(serde_json::json!({})),
+            false,
+        ),
+    };
+    let (code, text) = http(&cli.admin, method, &path, &token, body)?;
+    if !(200..300).contains(&code) {
+        eprintln!("admin API answered HTTP {code}: {}", text.trim());
+        return Ok(ExitCode::FAILURE);
+    }
+    if json {
+        println!("{}", text.trim());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let s = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "-".to_string(),
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => n.as_f64().map_or_else(|| n.to_string(), |f| format!("{f:.0}")),
+        other => other.to_string(),
+    };
+    match cmd {
+        DigestsCmd::Top { .. } => {
+            println!(
+                "slow: {} ms x {} within {} s blocks for {} s (0: until unblocked)",
+                s(&v["slow_threshold_ms"]),
+                s(&v["slow_count"]),
+                s(&v["slow_window_s"]),
+                s(&v["block_ttl_s"])
+            );
+            let header: Vec<String> = ["id", "state", "count", "total_ms", "max_ms", "slow", "text"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            for (title, key) in [("by count", "by_count"), ("by time", "by_time")] {
+                let rows: Vec<Vec<String>> = v[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|d| {
+                        ["id", "state", "count", "total_ms", "max_ms", "slow", "text"]
+                            .iter()
+                            .map(|k| s(&d[*k]))
+                            .collect()
+                    })
+                    .collect();
+                println!("{title}:");
+                print!("{}", render_table(&header, &rows));
+            }
+        }
+        DigestsCmd::Blocked { .. } => {
+            let header: Vec<String> = ["id", "by", "remaining_s", "rejected", "text"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            let rows: Vec<Vec<String>> = v["blocked"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| {
+                    vec![
+                        s(&d["id"]),
+                        s(&d["reason"]["by"]),
+                        s(&d["remaining_s"]),
+                        s(&d["rejected"]),
+                        s(&d["text"]),
+                    ]
+                })
+                .collect();
+            if rows.is_empty() {
+                println!("no blocked digests");
+            } else {
+                print!("{}", render_table(&header, &rows));
+            }
+        }
+        DigestsCmd::Block { .. } => println!("blocked {}: {}", s(&v["id"]), s(&v["text"])),
+        DigestsCmd::Unblock { .. } => println!("unblocked {}", s(&v["id"])),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn throttle_cmd(cli: &Cli, cmd: Option<&ThrottleCmd>) -> anyhow::Result<ExitCode> {
+    let token = admin_token(cli)?;
+    let (method, body, json) = match cmd.unwrap_or(&ThrottleCmd::Status { json: false }) {
+        ThrottleCmd::Status { json } => ("GET", None, *json),
+        ThrottleCmd::Set { member, qps, burst } => (
+            "POST",
+            Some(serde_json::json!({ "cluster": cli.cluster, "member": member, "max_qps": qps, "burst": burst })),
+            false,
+        ),
+    };
+    let (code, text) = http(&cli.admin, method, "/throttle", &token, body)?;
+    if !(200..300).contains(&code) {
+        eprintln!("admin API answered HTTP {code}: {}", text.trim());
+        return Ok(ExitCode::FAILURE);
+    }
+    if json {
+        println!("{}", text.trim());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let f = |v: &serde_json::Value| v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.1}"));
+    if let Some(ThrottleCmd::Set { .. }) = cmd {
+        match v["max_qps"].as_f64() {
+            Some(_) => println!(
+                "{}: max_qps {} burst {}",
+                v["member"].as_str().unwrap_or("?"),
+                f(&v["max_qps"]),
+                f(&v["burst"])
+            ),
+            None => println!("{}: no limit", v["member"].as_str().unwrap_or("?")),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("wait {} ms, queue {} per member", v["wait_ms"], v["queue_capacity"]);
+    let cols = [
+        "member",
+        "max_qps",
+        "burst",
+        "tokens",
+        "waiting",
+        "accepted",
+        "waited",
+        "waited_ms",
+        "rejected_full",
+        "rejected_timeout",
+    ];
+    let header: Vec<String> = cols.iter().map(|s| s.to_string()).collect();
+    let rows: Vec<Vec<String>> = v["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            cols.iter()
+                .map(|k| match &m[*k] {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Number(n) if n.is_f64() => f(&m[*k]),
+                    other => other.to_string(),
+                })
+                .collect()
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("no member is throttled");
+    } else {
+        print!("{}", render_table(&header, &rows));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn cluster_cmd(cli: &Cli, cmd: Option<&ClusterCmd>) -> anyhow::Result<ExitCode> {

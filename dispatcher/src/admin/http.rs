@@ -159,6 +159,15 @@ pub fn router(state: AdminState) -> Router {
         .route("/cluster/switchover", post(switchover))
         .route("/cluster/maintenance", post(maintenance))
         .route("/metrics", get(metrics))
+        .route("/digests", get(super::policy::top))
+        .route("/digests/blocked", get(super::policy::blocked))
+        .route("/digests/block", post(super::policy::block_sql))
+        .route("/digests/{id}/block", post(super::policy::block_id))
+        .route("/digests/{id}/unblock", post(super::policy::unblock))
+        .route(
+            "/throttle",
+            get(super::policy::throttle).post(super::policy::set_throttle),
+        )
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)

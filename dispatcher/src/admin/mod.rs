@@ -2,5 +2,6 @@
 
 pub mod http;
 pub mod metrics;
+pub mod policy;
 
 pub use http::*;

@@ -21,8 +21,9 @@ use tracing::{debug, info, warn, Instrument};
 use crate::client::streams::{outbox, ClientShared, Inbox, OpenError};
 use crate::client::tls::{ClientRead, ClientWrite, Progress, ServerTls};
 use crate::ctx::Ctx;
+use crate::policy::Blocked;
 use crate::pool::job::Job;
-use crate::pool::SubmitError;
+use crate::pool::{Pool, SubmitError};
 
 type Reader = FramedRead<ClientRead, FrameCodec>;
 type Writer = FramedWrite<ClientWrite, FrameCodec>;
@@ -440,6 +441,21 @@ async fn open_stream(
         shared.reject(stream, conn_error(ErrorCode::UnknownCluster, msg)).await;
         return Ok(());
     };
+    // Interception, before anything is reserved for the request: a blocked statement
+    // never reaches the pool. The digest is computed once and travels with the job to END.
+    let digest = if ctx.policy.intercept.enabled() {
+        match digest_and_check(ctx, &request) {
+            Ok(d) => d,
+            Err(blocked) => {
+                ctx.metrics.outcome("sql_blocked");
+                debug!(stream, digest = %blocked.id, "statement blocked");
+                shared.reject(stream, blocked.error_body()).await;
+                return Ok(());
+            }
+        }
+    } else {
+        None
+    };
     let (mut guard, cancel) = match shared.open(stream) {
         Ok(opened) => opened,
         Err(OpenError::Duplicate) => {
@@ -493,7 +509,63 @@ async fn open_stream(
         received,
         queue_deadline: received + ctx.queue_timeout(),
         attempts: 0,
+        digest,
     };
+    // The throttle of the member the group targets now. A token at hand (or no limit)
+    // costs nothing more; a request that must wait for one waits in its own task, so
+    // that this connection's other streams keep being read.
+    if ctx.policy.throttle.any_limit() {
+        if let Some(member) = group.target_member() {
+            let key = Ctx::throttle_key(group.cluster(), &member);
+            if !ctx.policy.throttle.try_acquire(&key) {
+                tokio::spawn(submit_after_token(ctx.clone(), group.clone(), job, key).in_current_span());
+                return Ok(());
+            }
+        }
+    }
+    submit(ctx, group, job).await;
+    Ok(())
+}
+
+/// The digest of a single statement (checked), or `None` for a batch, each of whose
+/// statements is checked. `Err`: blocked.
+fn digest_and_check(ctx: &Ctx, request: &Request) -> Result<Option<osprey_sql::Digest>, Blocked> {
+    if request.batch.is_empty() {
+        let d = osprey_sql::digest(&request.sql);
+        ctx.policy.check(&d)?;
+        return Ok(Some(d));
+    }
+    for st in &request.batch {
+        ctx.policy.check(&osprey_sql::digest(&st.sql))?;
+    }
+    Ok(None)
+}
+
+/// Waits for `key`'s throttle token, then submits. The stream's guard answers on every
+/// path: CANCEL or the connection closing (its token is cancelled) while waiting, or
+/// THROTTLED (queue full at once, or no token within `throttle.wait_ms`).
+async fn submit_after_token(ctx: Arc<Ctx>, group: Arc<Pool>, job: Job, key: String) {
+    let cancel = job.cancel.clone();
+    let got = tokio::select! {
+        r = ctx.policy.acquire(&key) => r,
+        _ = cancel.cancelled() => {
+            job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting for a throttle token")
+                .await;
+            return;
+        }
+    };
+    match got {
+        Ok(()) => submit(&ctx, &group, job).await,
+        Err(throttled) => {
+            ctx.metrics.outcome("throttled");
+            debug!(member = %key, "throttled: {throttled}");
+            job.guard.fail(throttled.error_body()).await;
+        }
+    }
+}
+
+/// Hands the job to the group's wait queue; a refusal answers the stream.
+async fn submit(ctx: &Arc<Ctx>, group: &Arc<Pool>, job: Job) {
     if let Err((job, e)) = group.submit(job) {
         let (outcome, code, msg) = match e {
             SubmitError::QueueFull => (
@@ -517,12 +589,11 @@ async fn open_stream(
                 let msg = format!("cluster {}: no member can serve: {why}", group.cluster());
                 job.fail(&ctx.metrics, "unavailable", ErrorCode::BackendUnavailable, &msg)
                     .await;
-                return Ok(());
+                return;
             }
         };
         job.fail(&ctx.metrics, outcome, code, msg).await;
     }
-    Ok(())
 }
 
 /// Past this the writer's buffer (which grows to the largest frame it was fed) is given

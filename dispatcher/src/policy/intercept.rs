@@ -318,6 +318,12 @@ impl Intercept {
         }
     }
 
+    /// Whether an execution of `server_time` counts as slow (one relaxed load): the END
+    /// path copies the statement for the slow log only then.
+    pub fn is_slow(&self, server_time: Duration) -> bool {
+        self.enabled() && server_time.as_micros() as u64 >= self.threshold_us.load(Ordering::Relaxed)
+    }
+
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
     }

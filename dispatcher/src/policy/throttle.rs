@@ -328,6 +328,30 @@ impl Throttle {
         }
     }
 
+    /// Whether any member has a limit: without one the request path need not even name
+    /// the member a request goes to.
+    pub fn any_limit(&self) -> bool {
+        !self.buckets.read().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// The non-waiting half of [`Throttle::acquire`]: `true` when `member` has no limit or
+    /// a token was taken at once (nobody waiting); `false` when the request would have to
+    /// queue (or be refused): then call `acquire`, off the caller's loop.
+    pub fn try_acquire(&self, member: &str) -> bool {
+        let bucket = match self.buckets.read().unwrap_or_else(|e| e.into_inner()).get(member) {
+            None => return true,
+            Some(b) => b.clone(),
+        };
+        let mut s = bucket.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.refill(Instant::now());
+        if s.queue.is_empty() && s.tokens >= 1.0 {
+            s.tokens -= 1.0;
+            bucket.counters.accepted.inc();
+            return true;
+        }
+        false
+    }
+
     /// Takes a token for a request routed to `member`, waiting in its queue if needed.
     /// Cancel-safe: dropping the future gives the place (and any token not yet handed) up.
     pub async fn acquire(&self, member: &str) -> Result<(), Throttled> {
@@ -480,6 +504,35 @@ async fn dispense(bucket: Arc<Bucket>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The request path's fast path: no limit or a token at hand → `true` (a token
+    /// taken); no token, or someone already waiting (FIFO) → `false`, nothing taken.
+    #[tokio::test]
+    async fn try_acquire_takes_only_a_token_at_hand() {
+        let t = Arc::new(Throttle::new(ThrottleSettings {
+            wait: Duration::from_secs(5),
+            queue_capacity: 8,
+        }));
+        assert!(!t.any_limit());
+        assert!(t.try_acquire("free"));
+        t.set_limit("m", Some(Limit::new(1.0, Some(2.0))));
+        assert!(t.any_limit());
+        assert!(t.try_acquire("m") && t.try_acquire("m"));
+        assert!(!t.try_acquire("m"), "the bucket is empty");
+        let waiter = {
+            let t = t.clone();
+            tokio::spawn(async move { t.acquire("m").await })
+        };
+        while t.status()[0].waiting == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Even once a token accrues, the waiter gets it first.
+        t.set_limit("m", Some(Limit::new(1000.0, Some(1.0))));
+        waiter.await.unwrap().unwrap();
+        assert_eq!(t.status()[0].accepted, 3);
+        t.set_limit("m", None);
+        assert!(!t.any_limit());
+    }
 
     /// Offers 4× `max_qps` for `secs` (one request every 1/(4·qps) s, each its own task)
     /// and measures the accepted rate over the steady part (after the first second, which

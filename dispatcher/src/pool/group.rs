@@ -1259,6 +1259,7 @@ mod tests {
                 received,
                 queue_deadline: received + Duration::from_secs(60),
                 attempts: 0,
+                digest: None,
             }
         }
 
@@ -1697,6 +1698,7 @@ mod tests {
             received,
             queue_deadline: received + Duration::from_secs(60),
             attempts: 0,
+            digest: None,
         };
         assert!(groups[0].submit(job).is_ok());
         assert_eq!(metrics.queue_depth.get(), 1);

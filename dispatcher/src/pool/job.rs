@@ -31,6 +31,11 @@ pub struct Job {
     pub queue_deadline: Instant,
     /// Workers that vanished before this job reached them.
     pub attempts: u32,
+    /// The statement's digest, computed once at REQUEST (interception on, a single
+    /// statement): END accounts the execution against it. `None` for a batch (END's time
+    /// is the sum of its statements: it would count against an innocent one) or with
+    /// interception off.
+    pub digest: Option<osprey_sql::Digest>,
 }
 
 impl Job {

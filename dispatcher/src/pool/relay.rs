@@ -61,6 +61,11 @@ struct Current {
     stalled: bool,
     /// A data frame was withheld (after a CANCEL): the result cannot end as a success.
     data_dropped: bool,
+    /// The statement's digest (interception on, one statement): END accounts it.
+    digest: Option<osprey_sql::Digest>,
+    /// The REQUEST as received (its bytes are held by the stream's budget until the end
+    /// anyway): the statement is decoded from it again only for a slow execution.
+    request: Frame,
 }
 
 /// A cancelled request whose statement was still running at `cancel_grace_ms`. MariaDB may
@@ -428,6 +433,7 @@ impl Relay {
         }
         let mut guard = job.guard;
         guard.set_dispatched();
+        let (digest, request) = (job.digest, job.frame);
         debug!(
             slot = self.slot,
             conn = guard.shared().id,
@@ -447,6 +453,8 @@ impl Relay {
             fatal: false,
             stalled: false,
             data_dropped: false,
+            digest,
+            request,
         });
         Ok(true)
     }
@@ -474,7 +482,10 @@ impl Relay {
     /// Relays END (with the time the request waited) and accounts for the
     /// request. Ok(true): the worker is exiting (fatal database error).
     async fn finish(&mut self, mut cur: Current, frame: Frame) -> Result<bool, &'static str> {
-        let frame = with_queue_time(frame, cur.queue_time);
+        let (frame, end) = with_queue_time(frame, cur.queue_time);
+        if let (Some(digest), Some(end)) = (&cur.digest, &end) {
+            self.record(&cur, digest, end);
+        }
         let relayed = if cur.client_alive {
             if cur.data_dropped && !cur.errored && !cur.stalled {
                 // Cancelled, but the worker finished first: rows were withheld, so the
@@ -503,6 +514,35 @@ impl Relay {
         });
         relayed?;
         Ok(cur.fatal)
+    }
+
+    /// Accounts the execution with the policy (statistics, slow accounting, slow log).
+    /// Never waits; the statement text and the member are looked up only for a slow one.
+    fn record(&self, cur: &Current, digest: &osprey_sql::Digest, end: &End) {
+        let policy = &self.ctx.policy;
+        let server_time = Duration::from_micros(end.server_time_us);
+        let kind = crate::policy::StatementKind::guess(digest);
+        let (sql, member, client);
+        if policy.intercept.is_slow(server_time) {
+            sql = cur
+                .request
+                .body::<osprey_protocol::Request>()
+                .map(|r| r.sql)
+                .unwrap_or_default();
+            member = self.pool.target_member().unwrap_or_default();
+            client = format!("conn {}", cur.guard.shared().id);
+        } else {
+            (sql, member, client) = (String::new(), String::new(), String::new());
+        }
+        policy.record(&crate::policy::Execution {
+            digest,
+            kind,
+            server_time,
+            sql: &sql,
+            rows: end.rows.max(end.affected_rows),
+            member: &member,
+            client: &client,
+        });
     }
 
     /// Puts a response frame into the client's write queue. While a slow client
@@ -771,13 +811,13 @@ fn is_fatal(frame: &Frame) -> bool {
         .is_ok_and(|e| e.code == ErrorCode::DatabaseFatal)
 }
 
-/// Fills in the time the request waited for a worker.
-fn with_queue_time(frame: Frame, queue_time: Duration) -> Frame {
+/// Fills in the time the request waited for a worker; the END body, when it is one.
+fn with_queue_time(frame: Frame, queue_time: Duration) -> (Frame, Option<End>) {
     match frame.body::<End>() {
         Ok(mut end) => {
             end.queue_time_us = queue_time.as_micros() as u64;
-            Frame::new(Kind::End, frame.stream, &end)
+            (Frame::new(Kind::End, frame.stream, &end), Some(end))
         }
-        Err(_) => frame,
+        Err(_) => (frame, None),
     }
 }
