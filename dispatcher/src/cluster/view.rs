@@ -160,6 +160,25 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
+    /// What a provider publishes before its first round: the configured members, no
+    /// primary yet (writes wait), status `starting`.
+    pub fn starting(cluster: &crate::cluster::ClusterConfig, topology: &'static str) -> ClusterView {
+        ClusterView {
+            name: cluster.name.clone(),
+            topology,
+            members: cluster
+                .members
+                .iter()
+                .map(|m| MemberView {
+                    name: m.name.clone(),
+                    addr: format!("{}:{}", m.host, m.port),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
     pub fn member(&self, name: &str) -> Option<&MemberView> {
         self.members.iter().find(|m| m.name == name)
     }

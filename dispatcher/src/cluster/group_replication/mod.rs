@@ -58,20 +58,7 @@ fn spawn_with_sql(
     sql: &'static str,
 ) -> ProviderHandle {
     let cluster = cfg.borrow().clone();
-    let initial = ClusterView {
-        name: cluster.name.clone(),
-        topology: "group_replication",
-        members: cluster
-            .members
-            .iter()
-            .map(|m| MemberView {
-                name: m.name.clone(),
-                addr: format!("{}:{}", m.host, m.port),
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    };
+    let initial = ClusterView::starting(&cluster, "group_replication");
     let (view_tx, view_rx) = watch::channel(initial);
     let (cmd_tx, cmd_rx) = mpsc::channel(8);
     let span = tracing::info_span!("group_replication", cluster = %cluster.name);

@@ -33,20 +33,7 @@ pub fn spawn_replication(
     shutdown: CancellationToken,
 ) -> ProviderHandle {
     let cluster = cfg.borrow().clone();
-    let initial = ClusterView {
-        name: cluster.name.clone(),
-        topology: "replication",
-        members: cluster
-            .members
-            .iter()
-            .map(|m| MemberView {
-                name: m.name.clone(),
-                addr: format!("{}:{}", m.host, m.port),
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    };
+    let initial = ClusterView::starting(&cluster, "replication");
     let (view_tx, view_rx) = watch::channel(initial);
     let (cmd_tx, cmd_rx) = mpsc::channel(8);
     let span = tracing::info_span!("replication", cluster = %cluster.name);
