@@ -183,9 +183,17 @@ pub fn check_request(r: &Request) {
 /// Runs every scanner function on `sql` and checks the invariants they promise.
 pub fn check_sql(sql: &str) {
     let d = osprey_sql::digest(sql);
-    assert_eq!(d.hash, osprey_sql::digest_hash(d.text.as_bytes()), "digest hash of {sql:?}");
+    assert_eq!(
+        d.hash,
+        osprey_sql::digest_hash(d.text.as_bytes()),
+        "digest hash of {sql:?}"
+    );
     // Every token gains at most one space; a literal shrinks to `?`; a list to `(...)`.
-    assert!(d.text.len() <= 2 * sql.len() + 8, "digest text of {sql:?} grew to {:?}", d.text);
+    assert!(
+        d.text.len() <= 2 * sql.len() + 8,
+        "digest text of {sql:?} grew to {:?}",
+        d.text
+    );
     assert_eq!(osprey_sql::digest(sql), d, "digest of {sql:?} is not deterministic");
 
     let code = osprey_sql::code_text(sql);
