@@ -160,7 +160,7 @@ pub async fn wait_primary(
     not: Option<&str>,
     limit: Duration,
 ) -> anyhow::Result<String> {
-    wait_for(limit, &format!("primary {want:?} (not {not:?})"), || async {
+    let r = wait_for(limit, &format!("primary {want:?} (not {not:?})"), || async {
         let v = cluster_view(d, cluster).await.ok()?;
         let p = v["primary"].as_str()?.to_string();
         let ok = want.is_none_or(|w| w == p) && not.is_none_or(|n| n != p);
@@ -168,7 +168,14 @@ pub async fn wait_primary(
         let slots_on = v["write_pool"]["member"].as_str() == Some(p.as_str());
         (ok && slots_on).then_some(p)
     })
-    .await
+    .await;
+    if r.is_err() {
+        // What the dispatcher saw, so that a failure on CI can be read afterwards.
+        let view = cluster_view(d, cluster).await.map(|v| v.to_string());
+        let events = d.admin_get("/cluster/events").await.map(|v| v.to_string());
+        eprintln!("cluster view at the timeout: {view:?}\nevents: {events:?}");
+    }
+    r
 }
 
 /// What the writer saw.

@@ -3,7 +3,7 @@
 //! promote. No I/O here, so every rule is tested on rows.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::facts::MemberFacts;
 use crate::cluster::{ClusterConfig, HealthState};
@@ -124,23 +124,81 @@ pub fn derive(facts: &Facts, previous: Option<&str>, replaced: &BTreeSet<String>
     out
 }
 
-/// A replica still hears from its primary: the IO thread is connected and it received an
-/// event or a heartbeat within `window` (`since_progress`: how long since its heartbeat
-/// count or received position last changed; `None` while there is no earlier round to
-/// compare with, which counts as hearing — the safe side).
-pub fn is_receiving(f: &MemberFacts, since_progress: Option<Duration>, window: Duration) -> bool {
-    f.slave.as_ref().is_some_and(|s| s.io_running()) && since_progress.is_none_or(|d| d <= window)
+/// What our rounds saw of a replica's link to its primary: when its heartbeat count or
+/// received position last changed, and when a heartbeat was last certainly missed.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    key: (u64, String),
+    /// The observation that saw the last change.
+    changed: Instant,
+    /// The latest observation.
+    seen: Instant,
+    /// When a gap between two changes was certainly longer than 1.5 heartbeat periods.
+    missed: Option<Instant>,
+}
+
+impl Progress {
+    pub fn new(received_heartbeats: u64, received: &str, at: Instant) -> Progress {
+        Progress {
+            key: (received_heartbeats, received.to_owned()),
+            changed: at,
+            seen: at,
+            missed: None,
+        }
+    }
+
+    /// One more observation at `at`; `heartbeat` is the replica's heartbeat period.
+    pub fn observe(&mut self, received_heartbeats: u64, received: &str, heartbeat: Duration, at: Instant) {
+        if self.key.0 != received_heartbeats || self.key.1 != received {
+            // The change happened after the previous observation (`seen`), so the gap
+            // since the one before is at least `seen - changed`, whatever our own
+            // rounds' lateness: a certain lower bound, not a sampling artefact.
+            let certain_gap = self.seen.saturating_duration_since(self.changed);
+            if !heartbeat.is_zero() && certain_gap > heartbeat.mul_f64(1.5) {
+                self.missed = Some(at);
+            }
+            self.key = (received_heartbeats, received.to_owned());
+            self.changed = at;
+        }
+        self.seen = at;
+    }
+}
+
+/// A replica still hears from its primary: the IO thread is connected, it received an
+/// event or a heartbeat within `window`, and it missed no heartbeat within `steady` —
+/// a link that loses heartbeats (a flapping network around the primary) is no proof that
+/// the primary is fine, only that it is sometimes reachable. `None` (no earlier round to
+/// compare with) counts as hearing: the safe side.
+pub fn is_receiving(f: &MemberFacts, progress: Option<&Progress>, window: Duration, now: Instant) -> bool {
+    if !f.slave.as_ref().is_some_and(|s| s.io_running()) {
+        return false;
+    }
+    let Some(p) = progress else {
+        return true;
+    };
+    let steady = steady_window(f);
+    now.saturating_duration_since(p.changed) <= window
+        && p.missed.is_none_or(|m| now.saturating_duration_since(m) > steady)
 }
 
 /// How long without a heartbeat or an event means the primary is silent to a replica.
 pub fn receive_window(f: &MemberFacts, interval: Duration) -> Duration {
-    let hb = f
-        .slave
-        .as_ref()
-        .map(|s| Duration::from_secs_f64(s.heartbeat_period_s.clamp(0.0, 3600.0)))
-        .unwrap_or_default();
+    let hb = heartbeat(f);
     // Two heartbeats missed, and one of our rounds for the sampling.
     (hb * 2).max(interval * 2) + interval
+}
+
+/// How long a missed heartbeat keeps a replica's link suspect.
+fn steady_window(f: &MemberFacts) -> Duration {
+    (heartbeat(f) * 4).max(Duration::from_secs(2))
+}
+
+/// A replica's heartbeat period.
+pub fn heartbeat(f: &MemberFacts) -> Duration {
+    f.slave
+        .as_ref()
+        .map(|s| Duration::from_secs_f64(s.heartbeat_period_s.clamp(0.0, 3600.0)))
+        .unwrap_or_default()
 }
 
 /// The replica to promote when `old` is gone: reachable and healthy, replicating from
@@ -418,9 +476,51 @@ mod tests {
         let r = replica("a", "Yes", "0-1-1", "0-1-1");
         let w = receive_window(&r, Duration::from_millis(100));
         assert_eq!(w, Duration::from_millis(1100));
-        assert!(is_receiving(&r, None, w));
-        assert!(is_receiving(&r, Some(Duration::from_millis(900)), w));
-        assert!(!is_receiving(&r, Some(Duration::from_millis(1500)), w));
-        assert!(!is_receiving(&replica("a", "Connecting", "", ""), None, w));
+        let t0 = Instant::now();
+        let p = Progress::new(0, "0-1-1", t0);
+        assert!(is_receiving(&r, None, w, t0));
+        assert!(is_receiving(&r, Some(&p), w, t0 + Duration::from_millis(900)));
+        assert!(!is_receiving(&r, Some(&p), w, t0 + Duration::from_millis(1500)));
+        assert!(!is_receiving(&replica("a", "Connecting", "", ""), None, w, t0));
+    }
+
+    #[test]
+    fn a_link_that_loses_heartbeats_is_not_receiving() {
+        let ms = Duration::from_millis;
+        let mut r = replica("a", "Yes", "0-1-1", "0-1-1");
+        r.slave.as_mut().unwrap().heartbeat_period_s = 0.5;
+        let w = receive_window(&r, ms(100));
+        let t0 = Instant::now();
+        // Every heartbeat, seen by rounds every 100 ms (some late ones): steady.
+        let mut p = Progress::new(0, "0-1-1", t0);
+        let mut hb = 0;
+        for round in 1..=40u64 {
+            let at = t0 + ms(round * 100 + if round % 7 == 0 { 50 } else { 0 });
+            if round % 5 == 0 {
+                hb += 1;
+            }
+            p.observe(hb, "0-1-1", ms(500), at);
+            assert!(is_receiving(&r, Some(&p), w, at), "round {round}");
+        }
+        // One heartbeat lost (a gap of 1 s between two arrivals): suspect for the
+        // steady window, although the link is "up" and heard from within `w`.
+        let t1 = t0 + ms(4000);
+        let mut lossy = Progress::new(0, "0-1-1", t1);
+        for round in 1..=10u64 {
+            lossy.observe(0, "0-1-1", ms(500), t1 + ms(round * 100));
+        }
+        lossy.observe(1, "0-1-1", ms(500), t1 + ms(1100));
+        assert!(!is_receiving(&r, Some(&lossy), w, t1 + ms(1200)));
+        // Steady again for longer than the steady window (2 s here): trusted again.
+        let mut hb = 1;
+        for k in 1..=6u64 {
+            hb += 1;
+            lossy.observe(hb, "0-1-1", ms(500), t1 + ms(1100 + k * 500));
+        }
+        assert!(is_receiving(&r, Some(&lossy), w, t1 + ms(4200)));
+        // Without heartbeats configured there is nothing to miss.
+        let mut quiet = Progress::new(0, "0-1-1", t1);
+        quiet.observe(0, "0-1-2", Duration::ZERO, t1 + ms(3000));
+        assert!(quiet.missed.is_none());
     }
 }

@@ -50,8 +50,9 @@ impl Provider {
                     f.replicates_from.as_deref() == Some(old)
                         && elect::is_receiving(
                             f,
-                            self.progress.get(*n).map(|p| p.changed.elapsed()),
+                            self.progress.get(*n),
                             elect::receive_window(f, interval),
+                            Instant::now(),
                         )
                 })
                 .map(|(n, _)| n.clone())

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::elect::{derive, Facts};
+use super::elect::{self, derive, Facts, Progress};
 use super::facts::{observe, MemberFacts};
 use super::lock::MajorityLock;
 use super::record::Recorder;
@@ -67,12 +67,6 @@ pub fn spawn_replication(
         view: view_rx,
         commands: cmd_tx,
     }
-}
-
-/// When a replica's heartbeat count or received position last changed.
-pub(super) struct Progress {
-    pub(super) key: (u64, String),
-    pub(super) changed: Instant,
 }
 
 pub(super) struct Provider {
@@ -179,21 +173,13 @@ impl Provider {
                     self.errors.remove(&name);
                     self.last_seen.insert(name.clone(), SystemTime::now());
                     if let Some(s) = &f.slave {
-                        let key = (s.received_heartbeats, s.gtid_io_pos.clone());
+                        let now = Instant::now();
+                        let hb = elect::heartbeat(&f);
                         match self.progress.get_mut(&name) {
-                            Some(p) if p.key == key => {}
-                            Some(p) => {
-                                p.key = key;
-                                p.changed = Instant::now();
-                            }
+                            Some(p) => p.observe(s.received_heartbeats, &s.gtid_io_pos, hb, now),
                             None => {
-                                self.progress.insert(
-                                    name.clone(),
-                                    Progress {
-                                        key,
-                                        changed: Instant::now(),
-                                    },
-                                );
+                                let p = Progress::new(s.received_heartbeats, &s.gtid_io_pos, now);
+                                self.progress.insert(name.clone(), p);
                             }
                         }
                     } else {
