@@ -102,6 +102,11 @@ struct Args {
     /// leave session state) or `always` (reset after every request).
     #[arg(long, default_value = "auto", value_parser = ["auto", "always"])]
     session_reset: String,
+    /// Replicas in the sandbox; with any, osprey fronts them as a cluster with the
+    /// read/write split on (`--workers` read slots per replica beside the write slots).
+    /// The direct and HAProxy targets keep going to the primary.
+    #[arg(long, default_value_t = 0)]
+    replicas: usize,
     /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
     #[arg(long, env = "OSPREY_BIN_DIR")]
     bin_dir: Option<PathBuf>,
@@ -157,7 +162,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let max_connections = (max_clients + 4 * args.workers + 100).max(2000) as u32;
     eprintln!("starting the MariaDB sandbox (max_connections={max_connections}) ...");
     let sandbox = Sandbox::builder()
-        .replicas(0)
+        .replicas(args.replicas)
         .semi_sync(false)
         .max_connections(max_connections)
         .start()
@@ -173,7 +178,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 dir.display(),
                 args.workers
             );
-            Some(procs::Dispatcher::start(dir, primary, args.workers, max_clients, &args.session_reset, None).await?)
+            Some(
+                procs::Dispatcher::start(
+                    dir,
+                    primary,
+                    sandbox.replicas(),
+                    args.workers,
+                    max_clients,
+                    &args.session_reset,
+                    None,
+                )
+                .await?,
+            )
         }
         _ => None,
     };
@@ -185,8 +201,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         (Some(dir), Some(pki)) => {
             eprintln!("starting a TLS osprey-dispatcher with {} workers ...", args.workers);
             Some(
-                procs::Dispatcher::start(dir, primary, args.workers, max_clients, &args.session_reset, Some(pki))
-                    .await?,
+                procs::Dispatcher::start(
+                    dir,
+                    primary,
+                    &[],
+                    args.workers,
+                    max_clients,
+                    &args.session_reset,
+                    Some(pki),
+                )
+                .await?,
             )
         }
         _ => None,

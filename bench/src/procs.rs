@@ -101,9 +101,13 @@ const CLIENT_TOKEN: &str = "bench-client-token";
 const ADMIN_TOKEN: &str = "bench-admin-token";
 
 impl Dispatcher {
+    /// `replicas` empty: a `[backend]` on `backend`. Else a `[[cluster]]` of `backend`
+    /// (primary) and the replicas with the read/write split on, `workers` read slots each.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         bin_dir: &Path,
         backend: &Instance,
+        replicas: &[Instance],
         workers: usize,
         max_clients: usize,
         session_reset: &str,
@@ -135,7 +139,13 @@ worker_log = "warn"
 
 [limits]
 max_streams_per_connection = {streams}
-
+"#,
+            runtime = dir.path().display(),
+            queue = (2 * max_clients).max(4096),
+        );
+        let config = if replicas.is_empty() {
+            format!(
+                r#"{config}
 [backend]
 host = "{host}"
 port = {port}
@@ -144,14 +154,41 @@ password = "{password}"
 database = "{db}"
 session_reset = "{session_reset}"
 "#,
-            runtime = dir.path().display(),
-            queue = (2 * max_clients).max(4096),
-            host = backend.host(),
-            port = backend.port(),
-            user = backend.user(),
-            password = backend.password(),
-            db = backend.database(),
-        );
+                host = backend.host(),
+                port = backend.port(),
+                user = backend.user(),
+                password = backend.password(),
+                db = backend.database(),
+            )
+        } else {
+            let mut c = format!(
+                r#"{config}
+[[cluster]]
+name = "bench"
+user = "{user}"
+password = "{password}"
+database = "{db}"
+monitor_user = "{mu}"
+monitor_password = "{mp}"
+session_reset = "{session_reset}"
+read_split = true
+"#,
+                user = backend.user(),
+                password = backend.password(),
+                db = backend.database(),
+                mu = backend.monitor_user(),
+                mp = backend.monitor_password(),
+            );
+            for i in std::iter::once(backend).chain(replicas) {
+                c.push_str(&format!(
+                    "[[cluster.member]]\nname = \"{}\"\nhost = \"{}\"\nport = {}\n",
+                    i.name(),
+                    i.host(),
+                    i.port()
+                ));
+            }
+            c
+        };
         let config = match tls {
             Some(pki) => format!(
                 "{config}\n[listen.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
@@ -183,7 +220,8 @@ session_reset = "{session_reset}"
             client_token: CLIENT_TOKEN.into(),
             _dir: dir,
         };
-        d.wait_idle(admin_addr, workers, Duration::from_secs(60)).await?;
+        d.wait_idle(admin_addr, workers * (1 + replicas.len()), Duration::from_secs(60))
+            .await?;
         Ok(d)
     }
 
@@ -212,8 +250,10 @@ session_reset = "{session_reset}"
             })
             .await?;
             if let Some(s) = status {
-                let pool = &s["pool"];
-                if pool["idle"].as_u64() == Some(n as u64) && pool["slots"].as_u64() == Some(n as u64) {
+                // Every slot group (the write slots, and the replicas' read slots).
+                let groups = s["groups"].as_array().cloned().unwrap_or_default();
+                let sum = |k: &str| groups.iter().filter_map(|g| g[k].as_u64()).sum::<u64>();
+                if sum("idle") == n as u64 && sum("slots") == n as u64 {
                     return Ok(());
                 }
             }

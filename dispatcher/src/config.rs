@@ -113,6 +113,9 @@ pub struct Auth {
 pub struct Pool {
     /// Number of worker slots (fixed mode).
     pub size: usize,
+    /// Read slots per replica of a cluster with `read_split` (docs/ROUTING.md). Absent:
+    /// `size`. A member's read slots exist while it is a replica; the primary has none.
+    pub replica_size: Option<usize>,
     /// Elastic mode: when both `min` and `max` are set, the pool starts at `min`
     /// (or `size` if larger), grows by one slot per second while requests wait in the
     /// queue, and retires one idle slot per `shrink_after_s` of continuous idleness.
@@ -156,6 +159,7 @@ impl Default for Pool {
     fn default() -> Self {
         Pool {
             size: 4,
+            replica_size: None,
             min: None,
             max: None,
             shrink_after_s: 60,
@@ -504,6 +508,8 @@ impl Backend {
             ssl_mode: self.ssl_mode,
             ssl_ca: self.ssl_ca.clone(),
             ssl_server_name: self.ssl_server_name.clone(),
+            read_split: false,
+            read_fallback: Default::default(),
             members: vec![MemberConfig {
                 name: self.name.clone(),
                 host: self.host.clone(),
@@ -680,7 +686,22 @@ impl Config {
     /// The most slots this config can run at once (fixed size, or the elastic maximum,
     /// for each cluster's write slots): what the file-descriptor reserve is sized for.
     pub fn max_pool_size(&self) -> usize {
-        self.initial_pool_size().max(self.pool.max.unwrap_or(0)) * self.slot_groups()
+        self.initial_pool_size().max(self.pool.max.unwrap_or(0)) * self.slot_groups() + self.max_read_slots()
+    }
+
+    /// Read slots per replica (`pool.replica_size`, default `pool.size`).
+    pub fn replica_size(&self) -> usize {
+        self.pool.replica_size.unwrap_or(self.pool.size)
+    }
+
+    /// The most read slots at once: every member but one primary of each cluster with
+    /// `read_split` is a replica.
+    pub fn max_read_slots(&self) -> usize {
+        self.clusters
+            .iter()
+            .filter(|c| c.read_split)
+            .map(|c| c.members.len().saturating_sub(1) * self.replica_size())
+            .sum()
     }
 
     /// Slot groups the dispatcher runs: one per cluster (`[backend]` and the embedded

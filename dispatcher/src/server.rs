@@ -20,6 +20,7 @@ use crate::client::listen;
 use crate::client::tls::ServerTls;
 use crate::cluster::events::EventLog;
 use crate::cluster::health::{spawn_monitor, MonitorHandle, MonitorTarget};
+use crate::cluster::reads::Reads;
 use crate::cluster::ClusterView;
 use crate::cluster::{
     galera, group_replication, manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, MemberConfig,
@@ -106,11 +107,37 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .with_context(|| format!("binding admin listener {}", config.listen.admin))?;
 
     let initial = config.initial_pool_size();
-    let groups: Vec<Arc<Pool>> = clusters
+    let mut groups: Vec<Arc<Pool>> = clusters
         .iter()
         .enumerate()
         .map(|(i, (c, _))| Pool::with_base(i as u32, 0, config.queue_limits(), c.name.clone(), metrics.clone()))
         .collect();
+    // After the write groups (group i = cluster i): one read group per member of each
+    // cluster with the read/write split.
+    let mut reads: Vec<Option<(Arc<Reads>, usize)>> = Vec::new();
+    for (i, (c, single)) in clusters.iter().enumerate() {
+        if !c.read_split || *single {
+            reads.push(None);
+            continue;
+        }
+        let member_groups: Vec<Arc<Pool>> = c
+            .members
+            .iter()
+            .map(|m| {
+                let g = Pool::read_group(
+                    groups.len() as u32,
+                    config.queue_limits(),
+                    c.name.clone(),
+                    m.name.clone(),
+                    metrics.clone(),
+                );
+                groups.push(g.clone());
+                g
+            })
+            .collect();
+        let r = Reads::new(c, member_groups, &groups[i], metrics.clone());
+        reads.push(Some((Arc::new(r), config.replica_size())));
+    }
     let events = Arc::new(EventLog::default());
     // Monitors and providers stop once the workers have quit (end of `run`).
     let cluster_stop = CancellationToken::new();
@@ -118,7 +145,19 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let runtimes: Vec<Arc<ClusterRuntime>> = clusters
         .into_iter()
         .zip(&groups)
-        .map(|((c, single), pool)| start_cluster(c, single, &config, pool.clone(), &events, &metrics, &cluster_stop))
+        .zip(reads)
+        .map(|(((c, single), pool), reads)| {
+            start_cluster(
+                c,
+                single,
+                &config,
+                pool.clone(),
+                reads,
+                &events,
+                &metrics,
+                &cluster_stop,
+            )
+        })
         .collect();
     if let Some(first) = runtimes.first() {
         tokio::spawn(follow_slow_log_target(
@@ -140,6 +179,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     ));
     let supervisor = Supervisor::new(ctx.clone(), worker_binary, socket_path.clone());
     supervisor.resize(initial);
+    supervisor.follow_read_sizes();
     tokio::spawn(supervisor.clone().run_elastic());
     for group in &ctx.groups {
         tokio::spawn(group.clone().run_reaper());
@@ -488,6 +528,9 @@ fn sandbox_cluster(sandbox: &Sandbox) -> ClusterConfig {
         ssl_mode: Default::default(),
         ssl_ca: None,
         ssl_server_name: None,
+        // The tour shows reads on the replicas.
+        read_split: true,
+        read_fallback: Default::default(),
         members: sandbox
             .instances()
             .map(|i| MemberConfig {
@@ -518,6 +561,7 @@ fn start_cluster(
     single: bool,
     config: &Config,
     pool: Arc<Pool>,
+    reads: Option<(Arc<Reads>, usize)>,
     events: &Arc<EventLog>,
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
@@ -550,11 +594,16 @@ fn start_cluster(
         })
         .collect();
     let sink_monitors = monitors.clone();
-    pool.set_passive_sink(Arc::new(move |member: &str, why: &'static str| {
+    let sink: crate::pool::group::PassiveSink = Arc::new(move |member: &str, why: &'static str| {
         if let Some((_, m)) = sink_monitors.iter().find(|(n, _)| n == member) {
             m.passive_failure(why);
         }
-    }));
+    });
+    pool.set_passive_sink(sink.clone());
+    // Read workers that cannot reach their replica are a signal about it too.
+    for g in reads.iter().flat_map(|(r, _)| r.groups()) {
+        g.set_passive_sink(sink.clone());
+    }
     let health: Vec<_> = monitors.iter().map(|(n, m)| (n.clone(), m.health())).collect();
     let cfg = config_tx.subscribe();
     let (events, metrics, stop_p) = (events.clone(), metrics.clone(), stop.clone());
@@ -579,6 +628,7 @@ fn start_cluster(
         health,
         provider,
         pool,
+        reads,
         !single,
         stop.clone(),
     )

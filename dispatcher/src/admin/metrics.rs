@@ -103,6 +103,49 @@ pub struct Metrics {
     pub member_role: Family<MemberRoleLabel, Gauge>,
     /// 1 for the primary's semi-sync state (on, fell_back, off), 0 for the others.
     pub semi_sync: Family<ClusterStateLabel, Gauge>,
+    /// The read/write split.
+    pub reads: ReadMetrics,
+}
+
+/// Why a read went to the primary instead of a replica.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabel {
+    pub cluster: String,
+    pub reason: &'static str,
+}
+
+/// The read/write split's counters.
+pub struct ReadMetrics {
+    /// Reads sent to a replica's read slots, by member.
+    pub by_member: Family<MemberLabel, Counter>,
+    /// Reads that went to the primary (or failed, `read_fallback = "error"`) for want of
+    /// an eligible replica: `no_replica`, `causal` (no replica known to have the
+    /// caller's writes), `replica_lost` (its replica stopped serving while it waited).
+    pub fallbacks: Family<FallbackLabel, Counter>,
+    /// 1 while the member's read slots serve reads, 0 while they do not.
+    pub eligible: Family<MemberLabel, Gauge>,
+}
+
+fn register_read_metrics(registry: &mut Registry) -> ReadMetrics {
+    let by_member = Family::<MemberLabel, Counter>::default();
+    registry.register("reads", "Reads routed to a replica, by member", by_member.clone());
+    let fallbacks = Family::<FallbackLabel, Counter>::default();
+    registry.register(
+        "read_fallbacks",
+        "Reads sent to the primary (or refused) for want of an eligible replica, by reason",
+        fallbacks.clone(),
+    );
+    let eligible = Family::<MemberLabel, Gauge>::default();
+    registry.register(
+        "read_eligible",
+        "1 while the member's read slots serve reads (replica, up, not lagging, not in maintenance)",
+        eligible.clone(),
+    );
+    ReadMetrics {
+        by_member,
+        fallbacks,
+        eligible,
+    }
 }
 
 impl Default for Metrics {
@@ -115,6 +158,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("osprey");
         let (galera_writer, group_primary) = register_writer_gauges(&mut registry);
+        let reads = register_read_metrics(&mut registry);
         let requests = Family::<OutcomeLabel, Counter>::default();
         // 50 µs .. ~52 s.
         let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 21));
@@ -267,6 +311,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            reads,
             failovers,
             failover_duration,
             member_role,

@@ -20,6 +20,15 @@ pub enum Topology {
     Galera,
 }
 
+/// Where a read goes when no replica may serve it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadFallback {
+    #[default]
+    Primary,
+    Error,
+}
+
 /// One `[[cluster]]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,6 +69,14 @@ pub struct ClusterConfig {
     pub ssl_ca: Option<PathBuf>,
     #[serde(default)]
     pub ssl_server_name: Option<String>,
+    /// Read/write split (docs/ROUTING.md): reads go to the replicas' read slots
+    /// (`pool.replica_size` each), everything else to the primary.
+    #[serde(default)]
+    pub read_split: bool,
+    /// A read with no eligible replica: `"primary"` runs it there, `"error"` fails it
+    /// (`BACKEND_UNAVAILABLE`, not dispatched).
+    #[serde(default)]
+    pub read_fallback: ReadFallback,
     #[serde(default, rename = "member")]
     pub members: Vec<MemberConfig>,
     #[serde(default)]

@@ -11,7 +11,7 @@
 //! - every member is down: requests fail at once (`BACKEND_UNAVAILABLE`, not
 //!   dispatched) until one comes back.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use osprey_protocol::{Backend, BackendTls, SslMode, WorkerSettings};
@@ -22,6 +22,7 @@ use tracing::{info, Instrument};
 
 use crate::cluster::config::{ClusterConfig, MemberConfig};
 use crate::cluster::events::EventLog;
+use crate::cluster::reads::{ReadGate, ReadPoolReport, Reads};
 use crate::cluster::view::{
     ClusterStatus, ClusterView, Command, HealthState, MemberHealth, ProviderHandle, SwitchEvent,
 };
@@ -37,6 +38,11 @@ pub struct ClusterRuntime {
     pub health: Vec<(String, watch::Receiver<MemberHealth>)>,
     pub provider: ProviderHandle,
     pub pool: Arc<Pool>,
+    /// The read/write split's read side (`read_split`), `None` when off.
+    pub reads: Option<Arc<Reads>>,
+    replica_size: usize,
+    /// The delay probe's verdicts for the read side (`None`: delay detection off).
+    read_gate: watch::Sender<Option<ReadGate>>,
     maintenance: Mutex<BTreeSet<String>>,
     /// Wakes the follower (maintenance changed).
     changed: Notify,
@@ -55,6 +61,9 @@ pub struct ClusterReport {
     pub health: Vec<MemberHealthReport>,
     /// The write slots.
     pub write_pool: PoolView,
+    /// Each member's read slots (`read_split`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub read_pools: Vec<ReadPoolReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -82,10 +91,15 @@ impl ClusterRuntime {
         health: Vec<(String, watch::Receiver<MemberHealth>)>,
         provider: ProviderHandle,
         pool: Arc<Pool>,
+        reads: Option<(Arc<Reads>, usize)>,
         follow_health: bool,
         shutdown: CancellationToken,
     ) -> Arc<ClusterRuntime> {
         let name = config.borrow().name.clone();
+        let (reads, replica_size) = match reads {
+            Some((r, n)) => (Some(r), n),
+            None => (None, 0),
+        };
         let rt = Arc::new(ClusterRuntime {
             name,
             config,
@@ -93,6 +107,9 @@ impl ClusterRuntime {
             health,
             provider,
             pool,
+            reads,
+            replica_size,
+            read_gate: watch::channel(None).0,
             maintenance: Mutex::new(BTreeSet::new()),
             changed: Notify::new(),
             follow_health,
@@ -112,13 +129,21 @@ impl ClusterRuntime {
         self.changed.notify_one();
     }
 
-    /// Keeps the write slots on the provider's primary, for as long as the dispatcher runs.
+    /// The delay probe's latest verdicts, for the read side.
+    pub fn set_read_gate(&self, gate: ReadGate) {
+        self.read_gate.send_replace(Some(gate));
+    }
+
+    /// Keeps the write slots on the provider's primary and the read slots on the
+    /// replicas, for as long as the dispatcher runs.
     async fn follow(self: Arc<Self>, shutdown: CancellationToken) {
         let mut view = self.provider.view.clone();
         let mut health: Vec<watch::Receiver<MemberHealth>> = self.health.iter().map(|(_, h)| h.clone()).collect();
+        let mut gate = self.read_gate.subscribe();
         let mut last = String::new();
         loop {
-            let decision = self.decide(&view.borrow_and_update(), &mut health);
+            let snapshot = view.borrow_and_update().clone();
+            let decision = self.decide(&snapshot, &mut health);
             let text = format!("{decision:?}");
             if text != last {
                 info!(decision = %text, "write slots");
@@ -136,8 +161,25 @@ impl ClusterRuntime {
                 Decision::Hold(why) => self.pool.hold(why),
                 Decision::Unavailable(why) => self.pool.set_unavailable(why),
             }
+            if let Some(reads) = &self.reads {
+                let states: BTreeMap<String, HealthState> =
+                    self.health.iter().map(|(n, h)| (n.clone(), h.borrow().state)).collect();
+                let maintenance = self.maintenance.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let config = self.config.borrow().clone();
+                let g = gate.borrow_and_update().clone();
+                reads.update(
+                    &config,
+                    &self.pool_config,
+                    self.replica_size,
+                    &snapshot,
+                    &states,
+                    &maintenance,
+                    g.as_ref(),
+                );
+            }
             tokio::select! {
                 r = view.changed() => if r.is_err() { return },
+                Ok(()) = gate.changed() => {}
                 _ = any_changed(&mut health) => {}
                 _ = self.changed.notified() => {}
                 _ = shutdown.cancelled() => return,
@@ -238,6 +280,7 @@ impl ClusterRuntime {
         }
         let (write_pool, _) = self.pool.view();
         ClusterReport {
+            read_pools: self.reads.as_ref().map(|r| r.report()).unwrap_or_default(),
             view,
             health: self
                 .health

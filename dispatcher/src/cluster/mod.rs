@@ -14,6 +14,7 @@ pub mod galera;
 pub mod group_replication;
 pub mod health;
 pub mod manager;
+pub mod reads;
 pub mod replication;
 pub mod view;
 

@@ -177,6 +177,8 @@ pub struct SlotView {
 /// Pool-wide figures, for the admin API.
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolView {
+    /// `write` (the primary's slots) or `read` (a replica's read slots).
+    pub role: &'static str,
     pub cluster: String,
     /// The member the workers serve (`null` before the cluster names one).
     pub member: Option<String>,
@@ -209,13 +211,21 @@ pub struct PoolView {
     pub fatal_exits: u64,
 }
 
-/// One slot group: the write slots of a cluster (the read slots of each replica come
-/// with the read/write split). The single owner of its slots, idle stack and queue.
+/// One slot group: the write slots of a cluster, or the read slots of one of its
+/// members (read/write split). The single owner of its slots, idle stack and queue.
 pub struct Pool {
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
-    /// The cluster whose primary the workers serve.
+    /// The cluster whose primary (write group) or member (read group) the workers serve.
     cluster: String,
+    /// A read group: the member whose read slots these are.
+    reads: Option<String>,
+    /// A read group: where its waiting requests go when it stops serving (the cluster's
+    /// write group), so that a read that never reached a worker moves on instead of
+    /// failing.
+    fallback: Mutex<Option<Arc<Pool>>>,
+    /// The size its owner (a read group's cluster follower) wants; the supervisor follows it.
+    wanted_size: watch::Sender<usize>,
     /// Slot ids start here ([`GROUP_SLOTS`]).
     base: u32,
     /// Wakes the queue reaper when the wait queue stops being empty.
@@ -244,6 +254,28 @@ impl Pool {
         cluster: String,
         metrics: Arc<Metrics>,
     ) -> Arc<Pool> {
+        Pool::build(group, target_size, limits, cluster, None, metrics)
+    }
+
+    /// Group number `group`: the read slots of `member` (empty until its follower sizes it).
+    pub fn read_group(
+        group: u32,
+        limits: QueueLimits,
+        cluster: String,
+        member: String,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Pool> {
+        Pool::build(group, 0, limits, cluster, Some(member), metrics)
+    }
+
+    fn build(
+        group: u32,
+        target_size: usize,
+        limits: QueueLimits,
+        cluster: String,
+        reads: Option<String>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             inner: Mutex::new(Inner {
                 slots: BTreeMap::new(),
@@ -258,6 +290,9 @@ impl Pool {
             }),
             metrics,
             cluster,
+            reads,
+            fallback: Mutex::new(None),
+            wanted_size: watch::channel(target_size).0,
             base: group * GROUP_SLOTS,
             reaper: Notify::new(),
             target_tx: watch::channel(0).0,
@@ -270,6 +305,37 @@ impl Pool {
 
     pub fn cluster(&self) -> &str {
         &self.cluster
+    }
+
+    /// A read group's member (`None`: the write group).
+    pub fn read_member(&self) -> Option<&str> {
+        self.reads.as_deref()
+    }
+
+    /// A read group hands what it cannot serve to `fallback` (the write group).
+    pub fn set_fallback(&self, fallback: Arc<Pool>) {
+        *self.fallback.lock().unwrap_or_else(|e| e.into_inner()) = Some(fallback);
+    }
+
+    pub fn fallback(&self) -> Option<Arc<Pool>> {
+        self.fallback.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Asks the supervisor for `size` slots (a read group, as its member becomes a
+    /// replica or stops being one).
+    pub fn want_size(&self, size: usize) {
+        self.wanted_size
+            .send_if_modified(|s| std::mem::replace(s, size) != size);
+    }
+
+    pub fn wanted_size(&self) -> watch::Receiver<usize> {
+        self.wanted_size.subscribe()
+    }
+
+    /// Requests running or waiting here: what "least outstanding" compares.
+    pub fn outstanding(&self) -> usize {
+        let waiting = self.lock().queue.len();
+        waiting + *self.busy_tx.borrow()
     }
 
     /// Whether slot id `index` belongs to this group.
@@ -316,7 +382,7 @@ impl Pool {
             .is_some_and(|t| t.member == member && t.settings == settings);
         if !same {
             let epoch = g.target.as_ref().map_or(1, |t| t.epoch + 1);
-            tracing::info!(cluster = %self.cluster, member, epoch, "write slots re-targeted");
+            tracing::info!(cluster = %self.cluster, member, epoch, reads = self.reads.is_some(), "slots re-targeted");
             g.target = Some(Arc::new(Target {
                 member: member.to_owned(),
                 settings,
@@ -406,14 +472,25 @@ impl Pool {
     }
 
     /// Fails waiting and new requests at once (`BACKEND_UNAVAILABLE`, not dispatched)
-    /// until a target is set again.
+    /// until a target is set again. A read group with a fallback hands its waiting
+    /// requests to it instead (they never reached a worker).
     pub fn set_unavailable(&self, why: String) {
         let mut g = self.lock();
+        if g.unavailable.as_deref() == Some(why.as_str()) && g.queue.is_empty() {
+            return;
+        }
         g.hold = Some(why.clone());
         let waiting: Vec<Job> = g.queue.drain();
         self.set_depth(&g);
         g.unavailable = Some(why.clone());
         drop(g);
+        let waiting = match self.fallback() {
+            Some(fallback) => waiting
+                .into_iter()
+                .filter_map(|job| fallback.requeue(job).err().map(|(job, _)| job))
+                .collect(),
+            None => waiting,
+        };
         let why = format!("cluster {}: {why}", self.cluster);
         fail_later(
             waiting,
@@ -568,9 +645,14 @@ impl Pool {
         if job.cancel.is_cancelled() || job.guard.shared().closed.load(Ordering::Relaxed) {
             return Err((job, SubmitError::Cancelled));
         }
-        // It never reached a worker: it fails as every waiting request did.
+        // It never reached a worker: it fails as every waiting request did, or (a read
+        // group) moves on to the fallback.
         if g.unavailable.is_some() {
-            return Err((job, SubmitError::Unavailable));
+            drop(g);
+            return match self.fallback() {
+                Some(fallback) => fallback.requeue(job),
+                None => Err((job, SubmitError::Unavailable)),
+            };
         }
         g.queue.push_front(job);
         self.set_depth(&g);
@@ -1101,6 +1183,7 @@ impl Pool {
         let limits = g.queue.limits();
         let pool = PoolView {
             cluster: self.cluster.clone(),
+            role: if self.reads.is_some() { "read" } else { "write" },
             member: g.target.as_ref().map(|t| t.member.clone()),
             hold: g.hold.clone(),
             unavailable: g.unavailable.clone(),

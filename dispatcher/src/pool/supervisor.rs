@@ -43,10 +43,38 @@ impl Supervisor {
 
     /// Sets the number of slots: starts tasks for new slots; extra slots retire
     /// through the quit handshake (their tasks end when the process exits).
-    /// Sets the number of write slots of every cluster.
+    /// Sets the number of write slots of every cluster (read groups follow their
+    /// cluster's wish instead: [`Supervisor::follow_read_sizes`]).
     pub fn resize(self: &Arc<Self>, size: usize) {
         for pool in self.ctx.groups.clone() {
-            self.resize_group(&pool, size);
+            if pool.read_member().is_none() {
+                self.resize_group(&pool, size);
+            }
+        }
+    }
+
+    /// Keeps each read group at the size its cluster's follower asks for
+    /// (`pool.replica_size` while its member is a replica, 0 otherwise).
+    pub fn follow_read_sizes(self: &Arc<Self>) {
+        for pool in self.ctx.groups.clone() {
+            if pool.read_member().is_none() {
+                continue;
+            }
+            let sup = self.clone();
+            let draining = self.ctx.draining.clone();
+            tokio::spawn(async move {
+                let mut wanted = pool.wanted_size();
+                loop {
+                    let size = *wanted.borrow_and_update();
+                    if size != pool.target_size() {
+                        sup.resize_group(&pool, size);
+                    }
+                    tokio::select! {
+                        r = wanted.changed() => if r.is_err() { return },
+                        _ = draining.cancelled() => return,
+                    }
+                }
+            });
         }
     }
 
@@ -260,7 +288,13 @@ impl Supervisor {
         };
         let shrink_after = Duration::from_secs(self.ctx.config.pool.shrink_after_s.max(1));
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let groups = self.ctx.groups.clone();
+        let groups: Vec<Arc<Pool>> = self
+            .ctx
+            .groups
+            .iter()
+            .filter(|g| g.read_member().is_none())
+            .cloned()
+            .collect();
         let mut idle_since: Vec<Option<Instant>> = vec![None; groups.len()];
         loop {
             tokio::select! {

@@ -34,6 +34,8 @@ fn config(galera: &Galera, priorities: &[u32]) -> ClusterConfig {
         ssl_mode: Default::default(),
         ssl_ca: None,
         ssl_server_name: None,
+        read_split: false,
+        read_fallback: Default::default(),
         members: galera
             .nodes()
             .iter()

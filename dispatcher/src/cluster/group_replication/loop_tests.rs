@@ -35,6 +35,8 @@ fn config(sandbox: &Sandbox) -> ClusterConfig {
         ssl_mode: Default::default(),
         ssl_ca: None,
         ssl_server_name: None,
+        read_split: false,
+        read_fallback: Default::default(),
         members: sandbox
             .instances()
             .map(|i| MemberConfig {

@@ -25,7 +25,7 @@
 mod elect;
 mod facts;
 mod failover;
-mod gtid;
+pub mod gtid;
 mod lock;
 mod provider;
 mod record;
