@@ -308,7 +308,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn digests_cmd(cli: &Cli, cmd: Option<&DigestsCmd>) -> anyhow::Result<ExitCode> {
-    let token = admin_token(cli)?;
     let top = DigestsCmd::Top { limit: 20, json: false };
     let cmd = cmd.unwrap_or(&top);
     let (method, path, body, json) = match cmd {
@@ -327,16 +326,10 @@ fn digests_cmd(cli: &Cli, cmd: Option<&DigestsCmd>) -> anyhow::Result<ExitCode> 
             false,
         ),
     };
-    let (code, text) = http(&cli.admin, method, &path, &token, body)?;
-    if !(200..300).contains(&code) {
-        eprintln!("admin API answered HTTP {code}: {}", text.trim());
-        return Ok(ExitCode::FAILURE);
-    }
-    if json {
-        println!("{}", text.trim());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let v = match admin_call(cli, method, &path, body, json)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
     let s = |v: &serde_json::Value| match v {
         serde_json::Value::Null => "-".to_string(),
         serde_json::Value::String(s) => s.clone(),
@@ -404,7 +397,6 @@ fn digests_cmd(cli: &Cli, cmd: Option<&DigestsCmd>) -> anyhow::Result<ExitCode> 
 }
 
 fn throttle_cmd(cli: &Cli, cmd: Option<&ThrottleCmd>) -> anyhow::Result<ExitCode> {
-    let token = admin_token(cli)?;
     let (method, body, json) = match cmd.unwrap_or(&ThrottleCmd::Status { json: false }) {
         ThrottleCmd::Status { json } => ("GET", None, *json),
         ThrottleCmd::Set { member, qps, burst } => (
@@ -413,16 +405,10 @@ fn throttle_cmd(cli: &Cli, cmd: Option<&ThrottleCmd>) -> anyhow::Result<ExitCode
             false,
         ),
     };
-    let (code, text) = http(&cli.admin, method, "/throttle", &token, body)?;
-    if !(200..300).contains(&code) {
-        eprintln!("admin API answered HTTP {code}: {}", text.trim());
-        return Ok(ExitCode::FAILURE);
-    }
-    if json {
-        println!("{}", text.trim());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let v = match admin_call(cli, method, "/throttle", body, json)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
     let f = |v: &serde_json::Value| v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.1}"));
     if let Some(ThrottleCmd::Set { .. }) = cmd {
         match v["max_qps"].as_f64() {
@@ -473,7 +459,6 @@ fn throttle_cmd(cli: &Cli, cmd: Option<&ThrottleCmd>) -> anyhow::Result<ExitCode
 }
 
 fn cluster_cmd(cli: &Cli, cmd: Option<&ClusterCmd>) -> anyhow::Result<ExitCode> {
-    let token = admin_token(cli)?;
     let query = cli
         .cluster
         .as_deref()
@@ -495,16 +480,10 @@ fn cluster_cmd(cli: &Cli, cmd: Option<&ClusterCmd>) -> anyhow::Result<ExitCode> 
             true,
         ),
     };
-    let (code, text) = http(&cli.admin, method, &path, &token, body)?;
-    if !(200..300).contains(&code) {
-        eprintln!("admin API answered HTTP {code}: {}", text.trim());
-        return Ok(ExitCode::FAILURE);
-    }
-    if json {
-        println!("{}", text.trim());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let v = match admin_call(cli, method, &path, body, json)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
     match cmd {
         Some(ClusterCmd::Events { .. }) => print!("{}", render_events(&v)),
         _ => print!("{}", render_clusters(&v)),
@@ -513,7 +492,6 @@ fn cluster_cmd(cli: &Cli, cmd: Option<&ClusterCmd>) -> anyhow::Result<ExitCode> 
 }
 
 fn delay_cmd(cli: &Cli, cmd: Option<&DelayCmd>) -> anyhow::Result<ExitCode> {
-    let token = admin_token(cli)?;
     let (method, path, body, json) = match cmd.unwrap_or(&DelayCmd::Status { json: false }) {
         DelayCmd::Status { json } => {
             let query = cli
@@ -530,16 +508,10 @@ fn delay_cmd(cli: &Cli, cmd: Option<&DelayCmd>) -> anyhow::Result<ExitCode> {
             false,
         ),
     };
-    let (code, text) = http(&cli.admin, method, &path, &token, body)?;
-    if !(200..300).contains(&code) {
-        eprintln!("admin API answered HTTP {code}: {}", text.trim());
-        return Ok(ExitCode::FAILURE);
-    }
-    if json {
-        println!("{}", text.trim());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let v = match admin_call(cli, method, &path, body, json)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
     match cmd {
         Some(DelayCmd::Reset { member }) => println!(
             "{}/{member}: probe connection reset (a new one next period)",
@@ -550,13 +522,18 @@ fn delay_cmd(cli: &Cli, cmd: Option<&DelayCmd>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `GET /delay` as DBLE shows it: one line per replica.
-fn render_delay(v: &serde_json::Value) -> String {
-    let s = |v: &serde_json::Value| match v {
+/// A JSON value as a table cell: `-` for null, strings unquoted.
+fn cell(v: &serde_json::Value) -> String {
+    match v {
         serde_json::Value::Null => "-".to_string(),
         serde_json::Value::String(s) => s.clone(),
         other => other.to_string(),
-    };
+    }
+}
+
+/// `GET /delay` as DBLE shows it: one line per replica.
+fn render_delay(v: &serde_json::Value) -> String {
+    let s = cell;
     let mut out = String::new();
     for c in v["clusters"].as_array().into_iter().flatten() {
         if c["enabled"].as_bool() != Some(true) {
@@ -612,11 +589,7 @@ fn url_escape(s: &str) -> String {
 }
 
 fn render_clusters(v: &serde_json::Value) -> String {
-    let s = |v: &serde_json::Value| match v {
-        serde_json::Value::Null => "-".to_string(),
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+    let s = cell;
     let mut out = String::new();
     for c in v["clusters"].as_array().into_iter().flatten() {
         out.push_str(&format!(
@@ -739,6 +712,28 @@ fn render_events(v: &serde_json::Value) -> String {
         out.push_str("no switches\n");
     }
     out
+}
+
+/// One admin API call. `Err(code)`: nothing left to do (an HTTP error was reported, or the
+/// raw body was printed for `--json`); `Ok`: the JSON body to render.
+fn admin_call(
+    cli: &Cli,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+    raw: bool,
+) -> anyhow::Result<Result<serde_json::Value, ExitCode>> {
+    let token = admin_token(cli)?;
+    let (code, text) = http(&cli.admin, method, path, &token, body)?;
+    if !(200..300).contains(&code) {
+        eprintln!("admin API answered HTTP {code}: {}", text.trim());
+        return Ok(Err(ExitCode::FAILURE));
+    }
+    if raw {
+        println!("{}", text.trim());
+        return Ok(Err(ExitCode::SUCCESS));
+    }
+    Ok(Ok(serde_json::from_str(&text).context("unexpected admin API body")?))
 }
 
 fn admin_token(cli: &Cli) -> anyhow::Result<String> {
