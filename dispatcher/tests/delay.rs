@@ -160,6 +160,31 @@ fn write_load(primary: &Instance) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// Sessions of the monitor account on `i` other than the one asking: the probe's.
+async fn probe_sessions(i: &Instance) -> i64 {
+    let mut c = i.admin_conn().await.unwrap();
+    c.exec_first(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ? AND ID <> CONNECTION_ID()",
+        (i.monitor_user(),),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+/// Waits (bounded) until the probe holds exactly one session on `i`.
+async fn one_probe_session(i: &Instance) {
+    let started = Instant::now();
+    loop {
+        let n = probe_sessions(i).await;
+        if n == 1 {
+            return;
+        }
+        assert!(started.elapsed() < DEADLINE, "{} probe sessions on {}", n, i.name());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn names(sb: &Sandbox) -> (String, String) {
     (sb.replicas()[0].name().to_owned(), sb.replicas()[1].name().to_owned())
 }
@@ -287,6 +312,8 @@ async fn a_stopped_replica_times_out_and_a_killed_one_errors() {
     sb.replicas()[0].cont();
     let (_, back) = h.wait("SIGCONT: eligible again", |v| v.eligible(&r1)).await;
     println!("SIGCONT: eligible again after {} ms", back.as_millis());
+    // The connects that timed out while it was stopped left nothing behind.
+    one_probe_session(&sb.replicas()[0]).await;
 
     sb.replicas()[1].kill();
     let (v, took) = h
@@ -330,6 +357,8 @@ async fn reset_gives_the_probe_a_new_connection() {
         took.as_millis()
     );
     h.wait("the other replica in", |v| v.eligible(&r2)).await;
+    // The old session is gone: one session per member.
+    one_probe_session(&sb.replicas()[0]).await;
     assert!(matches!(h.handle.reset("nobody"), Err(DelayError::NoSuchMember(..))));
     // The primary's session resets the same way, and the timestamp keeps growing.
     let primary = sb.primary().name().to_owned();
