@@ -527,6 +527,9 @@ impl Backend {
                 lock: crate::cluster::LockMode::None,
                 ..FailoverConfig::default()
             },
+            delay_period_ms: None,
+            delay_threshold_ms: None,
+            delay_database: None,
         }
     }
 }

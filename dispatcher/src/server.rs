@@ -551,6 +551,9 @@ fn sandbox_cluster(sandbox: &Sandbox) -> ClusterConfig {
             cooldown_s: 10,
             ..FailoverConfig::default()
         },
+        delay_period_ms: None,
+        delay_threshold_ms: None,
+        delay_database: None,
     }
 }
 
@@ -606,6 +609,7 @@ fn start_cluster(
     }
     let health: Vec<_> = monitors.iter().map(|(n, m)| (n.clone(), m.health())).collect();
     let cfg = config_tx.subscribe();
+    let delay_metrics = metrics.clone();
     let (events, metrics, stop_p) = (events.clone(), metrics.clone(), stop.clone());
     let provider = match (single, cluster.topology) {
         (true, _) => manager::spawn_static(&cluster, events, stop_p),
@@ -622,7 +626,7 @@ fn start_cluster(
             stop_p,
         ),
     };
-    ClusterRuntime::start(
+    let rt = ClusterRuntime::start(
         config_tx,
         config.pool.clone(),
         health,
@@ -631,7 +635,18 @@ fn start_cluster(
         reads,
         !single,
         stop.clone(),
-    )
+    );
+    let source = crate::cluster::delay::default_source(config.listen.client);
+    if let Some(d) = crate::cluster::delay::spawn(
+        rt.config(),
+        rt.provider.view.clone(),
+        source,
+        delay_metrics,
+        stop.clone(),
+    ) {
+        let _ = rt.delay.set(d);
+    }
+    rt
 }
 
 /// What of the clusters a SIGHUP cannot change (names, topology, members, credentials).

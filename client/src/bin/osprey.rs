@@ -99,6 +99,22 @@ enum Cmd {
         #[command(subcommand)]
         cmd: Option<ThrottleCmd>,
     },
+    /// Replica delay: each replica's delay, status and read-pool eligibility; reset a probe.
+    Delay {
+        #[command(subcommand)]
+        cmd: Option<DelayCmd>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DelayCmd {
+    /// Every replica's delay, status, message, last active time and probe connection (the default).
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Close MEMBER's probe connection; the next round opens a new one.
+    Reset { member: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -287,11 +303,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Cluster { ref cmd } => cluster_cmd(&cli, cmd.as_ref()),
         Cmd::Digests { ref cmd } => digests_cmd(&cli, cmd.as_ref()),
         Cmd::Throttle { ref cmd } => throttle_cmd(&cli, cmd.as_ref()),
+        Cmd::Delay { ref cmd } => delay_cmd(&cli, cmd.as_ref()),
     }
 }
 
 fn digests_cmd(cli: &Cli, cmd: Option<&DigestsCmd>) -> anyhow::Result<ExitCode> {
-    let token = admin_token(cli)?;
     let top = DigestsCmd::Top { limit: 20, json: false };
     let cmd = cmd.unwrap_or(&top);
     let (method, path, body, json) = match cmd {
@@ -310,16 +326,10 @@ fn digests_cmd(cli: &Cli, cmd: Option<&DigestsCmd>) -> anyhow::Result<ExitCode> 
             false,
         ),
     };
-    let (code, text) = http(&cli.admin, method, &path, &token, body)?;
-    if !(200..300).contains(&code) {
-        eprintln!("admin API answered HTTP {code}: {}", text.trim());
-        return Ok(ExitCode::FAILURE);
-    }
-    if json {
-        println!("{}", text.trim());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let v = match admin_call(cli, method, &path, body, json)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
     let s = |v: &serde_json::Value| match v {
         serde_json::Value::Null => "-".to_string(),
         serde_json::Value::String(s) => s.clone(),
@@ -387,7 +397,6 @@ fn digests_cmd(cli: &Cli, cmd: Option<&DigestsCmd>) -> anyhow::Result<ExitCode> 
 }
 
 fn throttle_cmd(cli: &Cli, cmd: Option<&ThrottleCmd>) -> anyhow::Result<ExitCode> {
-    let token = admin_token(cli)?;
     let (method, body, json) = match cmd.unwrap_or(&ThrottleCmd::Status { json: false }) {
         ThrottleCmd::Status { json } => ("GET", None, *json),
         ThrottleCmd::Set { member, qps, burst } => (
@@ -396,16 +405,10 @@ fn throttle_cmd(cli: &Cli, cmd: Option<&ThrottleCmd>) -> anyhow::Result<ExitCode
             false,
         ),
     };
-    let (code, text) = http(&cli.admin, method, "/throttle", &token, body)?;
-    if !(200..300).contains(&code) {
-        eprintln!("admin API answered HTTP {code}: {}", text.trim());
-        return Ok(ExitCode::FAILURE);
-    }
-    if json {
-        println!("{}", text.trim());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let v = match admin_call(cli, method, "/throttle", body, json)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
     let f = |v: &serde_json::Value| v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.1}"));
     if let Some(ThrottleCmd::Set { .. }) = cmd {
         match v["max_qps"].as_f64() {
@@ -456,7 +459,6 @@ fn throttle_cmd(cli: &Cli, cmd: Option<&ThrottleCmd>) -> anyhow::Result<ExitCode
 }
 
 fn cluster_cmd(cli: &Cli, cmd: Option<&ClusterCmd>) -> anyhow::Result<ExitCode> {
-    let token = admin_token(cli)?;
     let query = cli
         .cluster
         .as_deref()
@@ -478,21 +480,103 @@ fn cluster_cmd(cli: &Cli, cmd: Option<&ClusterCmd>) -> anyhow::Result<ExitCode> 
             true,
         ),
     };
-    let (code, text) = http(&cli.admin, method, &path, &token, body)?;
-    if !(200..300).contains(&code) {
-        eprintln!("admin API answered HTTP {code}: {}", text.trim());
-        return Ok(ExitCode::FAILURE);
-    }
-    if json {
-        println!("{}", text.trim());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).context("unexpected admin API body")?;
+    let v = match admin_call(cli, method, &path, body, json)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
     match cmd {
         Some(ClusterCmd::Events { .. }) => print!("{}", render_events(&v)),
         _ => print!("{}", render_clusters(&v)),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn delay_cmd(cli: &Cli, cmd: Option<&DelayCmd>) -> anyhow::Result<ExitCode> {
+    let (method, path, body, json) = match cmd.unwrap_or(&DelayCmd::Status { json: false }) {
+        DelayCmd::Status { json } => {
+            let query = cli
+                .cluster
+                .as_deref()
+                .map(|c| format!("?cluster={}", url_escape(c)))
+                .unwrap_or_default();
+            ("GET", format!("/delay{query}"), None, *json)
+        }
+        DelayCmd::Reset { member } => (
+            "POST",
+            "/delay/reset".to_string(),
+            Some(serde_json::json!({ "cluster": cli.cluster, "member": member })),
+            false,
+        ),
+    };
+    let v = match admin_call(cli, method, &path, body, json)? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
+    match cmd {
+        Some(DelayCmd::Reset { member }) => println!(
+            "{}/{member}: probe connection reset (a new one next period)",
+            v["cluster"].as_str().unwrap_or("?")
+        ),
+        _ => print!("{}", render_delay(&v)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A JSON value as a table cell: `-` for null, strings unquoted.
+fn cell(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => "-".to_string(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `GET /delay` as DBLE shows it: one line per replica.
+fn render_delay(v: &serde_json::Value) -> String {
+    let s = cell;
+    let mut out = String::new();
+    for c in v["clusters"].as_array().into_iter().flatten() {
+        if c["enabled"].as_bool() != Some(true) {
+            out.push_str(&format!("cluster {}: delay detection off\n\n", s(&c["cluster"])));
+            continue;
+        }
+        let p = &c["primary"];
+        out.push_str(&format!(
+            "cluster {}: period {} ms, threshold {} ms, source {} | heartbeat on {} ({}): {} ts {} conn {}{}\n",
+            s(&c["cluster"]),
+            s(&c["period_ms"]),
+            s(&c["threshold_ms"]),
+            s(&c["source"]),
+            s(&p["name"]),
+            s(&p["host"]),
+            s(&p["status"]),
+            s(&p["logic_timestamp"]),
+            s(&p["connection_id"]),
+            p["message"].as_str().map(|m| format!(" ({m})")).unwrap_or_default(),
+        ));
+        let cols = [
+            "name",
+            "host",
+            "delay_ms",
+            "wall_delay_ms",
+            "status",
+            "eligible",
+            "last_active",
+            "connection_id",
+            "gtid_applied",
+            "message",
+        ];
+        let header: Vec<String> = cols.iter().map(|c| c.to_string()).collect();
+        let rows: Vec<Vec<String>> = c["replicas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| cols.iter().map(|k| s(&r[*k])).collect())
+            .collect();
+        out.push_str(&render_table(&header, &rows));
+        out.push('\n');
+    }
+    out
 }
 
 fn url_escape(s: &str) -> String {
@@ -505,11 +589,7 @@ fn url_escape(s: &str) -> String {
 }
 
 fn render_clusters(v: &serde_json::Value) -> String {
-    let s = |v: &serde_json::Value| match v {
-        serde_json::Value::Null => "-".to_string(),
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+    let s = cell;
     let mut out = String::new();
     for c in v["clusters"].as_array().into_iter().flatten() {
         out.push_str(&format!(
@@ -632,6 +712,28 @@ fn render_events(v: &serde_json::Value) -> String {
         out.push_str("no switches\n");
     }
     out
+}
+
+/// One admin API call. `Err(code)`: nothing left to do (an HTTP error was reported, or the
+/// raw body was printed for `--json`); `Ok`: the JSON body to render.
+fn admin_call(
+    cli: &Cli,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+    raw: bool,
+) -> anyhow::Result<Result<serde_json::Value, ExitCode>> {
+    let token = admin_token(cli)?;
+    let (code, text) = http(&cli.admin, method, path, &token, body)?;
+    if !(200..300).contains(&code) {
+        eprintln!("admin API answered HTTP {code}: {}", text.trim());
+        return Ok(Err(ExitCode::FAILURE));
+    }
+    if raw {
+        println!("{}", text.trim());
+        return Ok(Err(ExitCode::SUCCESS));
+    }
+    Ok(Ok(serde_json::from_str(&text).context("unexpected admin API body")?))
 }
 
 fn admin_token(cli: &Cli) -> anyhow::Result<String> {
@@ -922,6 +1024,29 @@ mod tests {
             &[vec!["1".into(), "NULL".into()], vec!["100".into(), "bob".into()]],
         );
         assert_eq!(t, "id  | name\n----+-----\n1   | NULL\n100 | bob\n");
+    }
+
+    #[test]
+    fn delay_renders_dble_columns() {
+        let v = serde_json::json!({ "clusters": [
+            { "cluster": "c1", "enabled": true, "source": "h:7400", "period_ms": 500, "threshold_ms": 1000,
+              "primary": { "name": "p", "host": "10.0.0.1:3306", "status": "ok", "logic_timestamp": 42, "connection_id": 7 },
+              "replicas": [
+                { "name": "r1", "host": "10.0.0.2:3306", "delay_ms": 0, "wall_delay_ms": 3, "status": "ok",
+                  "eligible": true, "last_active": 1, "connection_id": 9, "gtid_applied": "0-1-42", "message": null },
+                { "name": "r2", "host": "10.0.0.3:3306", "delay_ms": null, "status": "timeout",
+                  "eligible": false, "message": "no answer within 400 ms" } ] },
+            { "cluster": "c2", "enabled": false } ] });
+        let text = render_delay(&v);
+        assert!(
+            text.contains("heartbeat on p (10.0.0.1:3306): ok ts 42 conn 7"),
+            "{text}"
+        );
+        let r1 = text.lines().find(|l| l.starts_with("r1")).unwrap();
+        assert!(r1.contains("0-1-42") && r1.contains("true"), "{r1}");
+        let r2 = text.lines().find(|l| l.starts_with("r2")).unwrap();
+        assert!(r2.contains("timeout") && r2.contains("no answer within 400 ms"), "{r2}");
+        assert!(text.contains("cluster c2: delay detection off"), "{text}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Admin HTTP API (axum): status, pool resize, drain and Prometheus metrics.
+//! Admin HTTP API (axum): status, pool resize, drain, clusters, delay and Prometheus metrics.
 //! Every route wants `Authorization: Bearer <admin_token>`.
 //!
 //! The server is our own accept loop over hyper's HTTP/1 connection, not `axum::serve`,
@@ -139,6 +139,14 @@ struct MaintenanceBody {
     on: bool,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DelayResetBody {
+    #[serde(default)]
+    cluster: Option<String>,
+    member: String,
+}
+
 /// One line per cluster in `/status`.
 #[derive(Serialize)]
 pub struct ClusterSummary {
@@ -158,6 +166,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/cluster/events", get(cluster_events))
         .route("/cluster/switchover", post(switchover))
         .route("/cluster/maintenance", post(maintenance))
+        .route("/delay", get(delay))
+        .route("/delay/reset", post(delay_reset))
         .route("/metrics", get(metrics))
         .route("/digests", get(super::policy::top))
         .route("/digests/blocked", get(super::policy::blocked))
@@ -308,6 +318,60 @@ async fn maintenance(State(state): State<AdminState>, Json(body): Json<Maintenan
         Ok(()) => Json(serde_json::json!({ "cluster": cluster.name, "member": body.member, "maintenance": body.on }))
             .into_response(),
         Err(e) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+    }
+}
+
+/// `GET /delay`: each cluster's delay probe (`enabled: false` for a cluster without one),
+/// with `eligible` as of now.
+async fn delay(State(state): State<AdminState>, Query(q): Query<ClusterQuery>) -> Response {
+    let clusters: Vec<serde_json::Value> = state
+        .ctx
+        .clusters
+        .iter()
+        .filter(|c| q.cluster.as_deref().is_none_or(|n| n == c.name))
+        .map(|c| match c.delay.get() {
+            Some(d) => {
+                let mut view = d.view.borrow().clone();
+                let now: Vec<bool> = view.replicas.iter().map(|r| view.eligible(&r.name)).collect();
+                for (r, eligible) in view.replicas.iter_mut().zip(now) {
+                    r.eligible = eligible;
+                }
+                let mut v = serde_json::to_value(view).unwrap_or_default();
+                v["enabled"] = true.into();
+                v
+            }
+            None => serde_json::json!({ "cluster": c.name, "enabled": false }),
+        })
+        .collect();
+    if clusters.is_empty() {
+        return unknown_cluster(q.cluster.as_deref());
+    }
+    Json(serde_json::json!({ "clusters": clusters })).into_response()
+}
+
+/// `POST /delay/reset`: closes a member's probe session; the next round opens a new one.
+async fn delay_reset(State(state): State<AdminState>, Json(body): Json<DelayResetBody>) -> Response {
+    use crate::cluster::delay::DelayError;
+    let Some(cluster) = state.ctx.cluster(body.cluster.as_deref()) else {
+        return unknown_cluster(body.cluster.as_deref());
+    };
+    let Some(d) = cluster.delay.get() else {
+        return (
+            StatusCode::CONFLICT,
+            format!(
+                "cluster {} has no delay detection (delay_period_ms, delay_threshold_ms, delay_database)\n",
+                cluster.name
+            ),
+        )
+            .into_response();
+    };
+    match d.reset(&body.member) {
+        Ok(()) => {
+            Json(serde_json::json!({ "cluster": cluster.name, "member": body.member, "reset": true })).into_response()
+        }
+        Err(e @ DelayError::NoSuchMember(..)) => (StatusCode::NOT_FOUND, format!("{e}\n")).into_response(),
+        Err(e @ DelayError::Busy(_)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+        Err(e @ DelayError::Stopped(_)) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
     }
 }
 

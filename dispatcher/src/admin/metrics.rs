@@ -105,6 +105,8 @@ pub struct Metrics {
     pub semi_sync: Family<ClusterStateLabel, Gauge>,
     /// The read/write split.
     pub reads: ReadMetrics,
+    /// Replica-delay detection (`cluster::delay`).
+    pub delay: DelayMetrics,
 }
 
 /// Why a read went to the primary instead of a replica.
@@ -146,6 +148,50 @@ fn register_read_metrics(registry: &mut Registry) -> ReadMetrics {
         fallbacks,
         eligible,
     }
+}
+
+/// The gauges and counters of the delay probe.
+pub struct DelayMetrics {
+    /// The replica's logical delay in ms; no series while it is unknown.
+    pub delay_ms: Family<MemberLabel, Gauge>,
+    /// 1 while the replica is out of the read pool by the delay probe's verdict (delay over
+    /// the threshold, unknown, or its probe failing), 0 while eligible.
+    pub ineligible: Family<MemberLabel, Gauge>,
+    /// Failed probe calls by member and kind: `error`, `timeout` (replica reads and the
+    /// primary's heartbeat writes alike).
+    pub probe_errors: Family<DelayErrorLabel, Counter>,
+}
+
+/// One failed delay-probe call: `kind` is `error` or `timeout`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DelayErrorLabel {
+    pub cluster: String,
+    pub member: String,
+    pub kind: &'static str,
+}
+
+fn register_delay_metrics(registry: &mut Registry) -> DelayMetrics {
+    let m = DelayMetrics {
+        delay_ms: Family::default(),
+        ineligible: Family::default(),
+        probe_errors: Family::default(),
+    };
+    registry.register(
+        "replica_delay_ms",
+        "Replica delay by the heartbeat's logical timestamp, in ms (absent while unknown)",
+        m.delay_ms.clone(),
+    );
+    registry.register(
+        "replica_delay_ineligible",
+        "1 while the replica is out of the read pool by the delay probe (over threshold, unknown, failing)",
+        m.ineligible.clone(),
+    );
+    registry.register(
+        "delay_probe_errors",
+        "Failed delay-probe calls (replica reads, primary heartbeat writes) by member and kind (error, timeout)",
+        m.probe_errors.clone(),
+    );
+    m
 }
 
 impl Default for Metrics {
@@ -309,9 +355,11 @@ impl Metrics {
             "1 for the primary's semi-sync state (on, fell_back, off)",
             semi_sync.clone(),
         );
+        let delay = register_delay_metrics(&mut registry);
         Metrics {
             registry,
             reads,
+            delay,
             failovers,
             failover_duration,
             member_role,

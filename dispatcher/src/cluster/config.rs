@@ -83,7 +83,28 @@ pub struct ClusterConfig {
     pub health: HealthConfig,
     #[serde(default)]
     pub failover: FailoverConfig,
+    /// Replica-delay detection (`cluster::delay`): a heartbeat written on the primary every
+    /// `delay_period_ms`, read back from each replica. All three, or none (off).
+    #[serde(default)]
+    pub delay_period_ms: Option<u64>,
+    /// A replica whose delay is over this leaves the read pool.
+    #[serde(default)]
+    pub delay_threshold_ms: Option<u64>,
+    /// The database that holds the heartbeat table (created on the primary if missing).
+    #[serde(default)]
+    pub delay_database: Option<String>,
 }
+
+/// The delay settings of a cluster that has them all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DelaySettings {
+    pub period_ms: u64,
+    pub threshold_ms: u64,
+    pub database: String,
+}
+
+/// The shortest heartbeat period: every round costs a write on the primary, replicated.
+pub const MIN_DELAY_PERIOD_MS: u64 = 100;
 
 /// One `[[cluster.member]]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -256,7 +277,52 @@ impl ClusterConfig {
         )
     }
 
+    /// `Some` when delay detection is on (all three settings given).
+    pub fn delay(&self) -> Option<DelaySettings> {
+        Some(DelaySettings {
+            period_ms: self.delay_period_ms?,
+            threshold_ms: self.delay_threshold_ms?,
+            database: self.delay_database.clone()?,
+        })
+    }
+
+    fn validate_delay(&self) -> Result<(), String> {
+        let n = &self.name;
+        let given = [
+            ("delay_period_ms", self.delay_period_ms.is_some()),
+            ("delay_threshold_ms", self.delay_threshold_ms.is_some()),
+            ("delay_database", self.delay_database.is_some()),
+        ];
+        let missing: Vec<&str> = given.iter().filter(|(_, g)| !g).map(|(k, _)| *k).collect();
+        if missing.len() == given.len() {
+            return Ok(());
+        }
+        if !missing.is_empty() {
+            return Err(format!(
+                "cluster {n}: delay detection needs delay_period_ms, delay_threshold_ms and delay_database; missing: {}",
+                missing.join(", ")
+            ));
+        }
+        let Some(d) = self.delay() else { return Ok(()) };
+        if d.period_ms < MIN_DELAY_PERIOD_MS {
+            return Err(format!(
+                "cluster {n}: delay_period_ms must be at least {MIN_DELAY_PERIOD_MS} (got {})",
+                d.period_ms
+            ));
+        }
+        // Spliced into SQL as an identifier: only what needs no quoting.
+        let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$';
+        if d.database.is_empty() || d.database.len() > 64 || !d.database.chars().all(ok_char) {
+            return Err(format!(
+                "cluster {n}: delay_database {:?} must be 1 to 64 of [A-Za-z0-9_$]",
+                d.database
+            ));
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_delay()?;
         let n = &self.name;
         if n.is_empty() {
             return Err("cluster.name must not be empty".into());

@@ -50,6 +50,8 @@ pub struct ClusterRuntime {
     /// is shown, but requests keep going to it (and wait or fail on it) as they always
     /// did; there is nowhere else to send them.
     follow_health: bool,
+    /// The replica-delay probe, when the cluster enables it (set once, at start).
+    pub delay: std::sync::OnceLock<crate::cluster::delay::DelayHandle>,
 }
 
 /// `GET /cluster`: one cluster.
@@ -113,6 +115,7 @@ impl ClusterRuntime {
             maintenance: Mutex::new(BTreeSet::new()),
             changed: Notify::new(),
             follow_health,
+            delay: std::sync::OnceLock::new(),
         });
         let span = tracing::info_span!("cluster", cluster = %rt.name);
         tokio::spawn(rt.clone().follow(shutdown).instrument(span));

@@ -1,5 +1,5 @@
 //! Clusters and their members: topology providers, the health model and its
-//! accumulator, failover and switchover.
+//! accumulator, failover and switchover, replica-delay detection.
 //!
 //! Per cluster: one monitor task per member (`health/`) publishes a
 //! [`MemberHealth`]; one topology provider task (`replication`, `galera`,
@@ -8,6 +8,7 @@
 //! (`crate::pool`) re-target their workers when the view's primary changes.
 
 pub mod config;
+pub mod delay;
 pub mod events;
 pub mod follow;
 pub mod galera;

@@ -59,6 +59,9 @@ fn config(galera: &Galera, priorities: &[u32]) -> ClusterConfig {
             ..Default::default()
         },
         failover: Default::default(),
+        delay_period_ms: None,
+        delay_threshold_ms: None,
+        delay_database: None,
     }
 }
 

@@ -57,6 +57,9 @@ fn config(sandbox: &Sandbox) -> ClusterConfig {
             ..Default::default()
         },
         failover: Default::default(),
+        delay_period_ms: None,
+        delay_threshold_ms: None,
+        delay_database: None,
     }
 }
 
