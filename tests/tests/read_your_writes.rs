@@ -177,3 +177,74 @@ async fn positions_are_kept_per_cluster() -> anyhow::Result<()> {
     assert_eq!(client.last_gtid(Some("a")), Some(a), "a write to b does not move a");
     Ok(())
 }
+
+/// What the GTID costs per statement, straight at MariaDB with mysql_async (this
+/// workspace's, which negotiates session tracking): an INSERT and a point SELECT on a
+/// session that tracks `last_gtid` (what the worker does) against one that does not,
+/// and the fallback the tracking avoids (`SELECT @@last_gtid` after each write).
+/// Rounds alternate so that load on the machine hits every variant alike.
+/// `cargo test -p osprey-tests --test read_your_writes -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement"]
+async fn measure_gtid_tracking_cost() -> anyhow::Result<()> {
+    use std::time::Instant;
+    const N: u32 = 500;
+    const ROUNDS: u32 = 6;
+    let sandbox = Sandbox::start(0).await?;
+    let db = sandbox.primary();
+    let mut tracked = db.conn().await?;
+    tracked
+        .query_drop(
+            "SET SESSION session_track_system_variables = \
+             CONCAT_WS(',', NULLIF(@@session.session_track_system_variables, ''), 'last_gtid')",
+        )
+        .await?;
+    let mut plain = db.conn().await?;
+    plain
+        .query_drop("CREATE TABLE t_cost (id INT PRIMARY KEY, v INT)")
+        .await?;
+    plain.query_drop("INSERT INTO t_cost VALUES (0, 0)").await?;
+    let mut next_id = 1;
+    // [tracked insert, plain insert, plain insert + SELECT @@last_gtid, tracked select, plain select]
+    let mut total = [Duration::ZERO; 5];
+    for _ in 0..ROUNDS {
+        for (i, total) in total.iter_mut().enumerate() {
+            let t0 = Instant::now();
+            for _ in 0..N {
+                match i {
+                    0..=2 => {
+                        let conn = if i == 0 { &mut tracked } else { &mut plain };
+                        conn.query_drop(format!("INSERT INTO t_cost VALUES ({next_id}, 0)"))
+                            .await?;
+                        next_id += 1;
+                        if i == 0 {
+                            let ok = conn.last_ok_packet().expect("an OK packet");
+                            assert!(!ok.session_state_info()?.is_empty(), "the OK packet carries last_gtid");
+                        }
+                        if i == 2 {
+                            let g: Option<String> = conn.query_first("SELECT @@last_gtid").await?;
+                            assert!(g.is_some());
+                        }
+                    }
+                    _ => {
+                        let conn = if i == 3 { &mut tracked } else { &mut plain };
+                        let _: Option<i64> = conn.query_first("SELECT v FROM t_cost WHERE id = 0").await?;
+                    }
+                }
+            }
+            *total += t0.elapsed();
+        }
+    }
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(N * ROUNDS);
+    eprintln!(
+        "µs per statement over {} each: INSERT tracked {:.1}, untracked {:.1}, untracked + SELECT @@last_gtid {:.1}; \
+         point SELECT tracked {:.1}, untracked {:.1}",
+        N * ROUNDS,
+        per(total[0]),
+        per(total[1]),
+        per(total[2]),
+        per(total[3]),
+        per(total[4]),
+    );
+    Ok(())
+}
