@@ -80,6 +80,8 @@ pub struct Executor {
     /// The session reports `last_gtid` in OK packets (`session::TRACK_LAST_GTID`), to be
     /// asked again after each session reset.
     track_gtid: bool,
+    /// The session's `@@last_gtid` as last seen (`None`: empty, as after a reset).
+    session_gtid: Option<String>,
 }
 
 impl Executor {
@@ -101,6 +103,7 @@ impl Executor {
             reset,
             max_packet,
             track_gtid,
+            session_gtid: None,
         }
     }
 
@@ -259,6 +262,9 @@ impl Executor {
         let stop = self.tracker.reason(stream);
         // Waits for a KILL QUERY in flight, so it cannot hit the clean-up below.
         let settled = self.tracker.finish(stream).await;
+        if self.track_gtid && settled && result.is_ok() && commits_out_of_sight(&request) {
+            self.ask_last_gtid(&mut acc).await;
+        }
         let fatal = matches!(&result, Err(ExecError::Db(e)) if session::classify(e) == ErrorClass::Fatal);
         let cleaned = if fatal || matches!(result, Err(ExecError::Link(_))) {
             Ok(false)
@@ -271,6 +277,11 @@ impl Executor {
                     .map(|()| left_open),
                 r => r.map_err(|e| e.to_string()),
             }
+        };
+        // A reset empties @@last_gtid; otherwise the session keeps the last commit's.
+        self.session_gtid = match &cleaned {
+            Ok(_) if leaves_state => None,
+            _ => acc.last_gtid.clone().or(self.session_gtid.take()),
         };
         let result = match (result, cleaned) {
             (Ok(()), Ok(true)) => Err(ExecError::LeftOpen),
@@ -316,6 +327,47 @@ impl Executor {
             }
         }
     }
+}
+
+impl Executor {
+    /// The fallback for [`commits_out_of_sight`]: reads `@@last_gtid` and takes it in if
+    /// it is not what the session already had before (then this request committed it).
+    async fn ask_last_gtid(&mut self, acc: &mut Summary) {
+        match self.conn.query_first::<String, _>("SELECT @@last_gtid").await {
+            Ok(Some(now)) if !now.is_empty() => {
+                let known = acc.last_gtid.as_ref().or(self.session_gtid.as_ref());
+                if known != Some(&now) {
+                    take_gtid(&now, acc);
+                }
+            }
+            Ok(_) => {}
+            // The session reset that follows meets the same trouble and decides.
+            Err(e) => debug!(error = %e, "SELECT @@last_gtid failed"),
+        }
+    }
+}
+
+/// Whether a commit of the request may report its GTID only in an OK packet the driver
+/// does not show: one that ends a result set followed by another (a procedure that
+/// writes and then returns rows, a compound statement). `CALL`, `EXECUTE` and compound
+/// statements; their requests pay a session reset anyway.
+fn commits_out_of_sight(request: &Request) -> bool {
+    let texts: Vec<&str> = if request.batch.is_empty() {
+        vec![&request.sql]
+    } else {
+        request.batch.iter().map(|s| s.sql.as_str()).collect()
+    };
+    texts.into_iter().any(|sql| {
+        let code = osprey_sql::code_text(sql);
+        let found = osprey_sql::top_level_statements(&code).any(|st| {
+            let first = st.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+            matches!(
+                first.as_str(),
+                "call" | "execute" | "begin" | "if" | "case" | "loop" | "while" | "repeat"
+            )
+        });
+        found
+    })
 }
 
 /// The next request may come from another client: never hand it an open
@@ -393,6 +445,18 @@ struct Summary {
     warnings: u32,
     /// GTIDs the server reported for the request's commits (`last_gtid`), merged per domain.
     gtid: GtidPos,
+    /// The last `last_gtid` value reported, as the server wrote it.
+    last_gtid: Option<String>,
+}
+
+fn take_gtid(text: &str, acc: &mut Summary) {
+    match GtidPos::parse(text) {
+        Ok(pos) => {
+            acc.gtid.merge(&pos);
+            acc.last_gtid = Some(text.to_owned());
+        }
+        Err(e) => debug!(value = %text, error = %e, "last_gtid is not a GTID"),
+    }
 }
 
 /// Takes in the `last_gtid` an OK packet reports: the server sends it only when it
@@ -413,11 +477,7 @@ fn note_gtid(ok: Option<&OkPacket<'_>>, acc: &mut Summary) {
             continue;
         };
         for var in vars.iter().filter(|v| v.name_bytes() == b"last_gtid") {
-            let text = String::from_utf8_lossy(var.value_bytes());
-            match GtidPos::parse(&text) {
-                Ok(pos) => acc.gtid.merge(&pos),
-                Err(e) => debug!(value = %text, error = %e, "last_gtid is not a GTID"),
-            }
+            take_gtid(&String::from_utf8_lossy(var.value_bytes()), acc);
         }
     }
 }
@@ -752,5 +812,48 @@ impl<'o> Emitter<'o> {
     async fn fail(&mut self, body: ErrorBody) -> Result<(), LinkGone> {
         self.link.push(&Frame::new(Kind::Error, self.stream, &body));
         self.end(&End::default()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_out_of_sight_are_procedures_execute_and_compound_statements() {
+        for sql in [
+            "CALL p()",
+            "call p(1)",
+            "SELECT 1; CALL p()",
+            "EXECUTE s",
+            "BEGIN NOT ATOMIC INSERT INTO t VALUES (1); SELECT 1; END",
+            "/* x */ CALL p()",
+        ] {
+            assert!(commits_out_of_sight(&Request::sql(sql)), "{sql}");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "SELECT 'CALL p()'",
+            "SELECT 1 -- CALL p()",
+            "UPDATE t SET `call` = 1",
+            "CREATE PROCEDURE p() BEGIN CALL q(); END",
+            "SELECT recall FROM t",
+        ] {
+            assert!(!commits_out_of_sight(&Request::sql(sql)), "{sql}");
+        }
+        let batch = Request {
+            batch: vec![
+                Statement {
+                    sql: "INSERT INTO t VALUES (1)".into(),
+                    params: vec![],
+                },
+                Statement {
+                    sql: "CALL p()".into(),
+                    params: vec![],
+                },
+            ],
+            ..Default::default()
+        };
+        assert!(commits_out_of_sight(&batch));
     }
 }

@@ -1468,6 +1468,39 @@ async fn end_carries_the_gtid_of_each_write() {
     step("two INSERTs", &r, &binlog_pos(&sandbox).await);
     assert_eq!(last_seq.get(), before + 2);
 
+    // A procedure that writes, then returns rows: the commit's GTID lands in the OK
+    // packet that ends the procedure's result set, which the driver does not show, so
+    // the worker asks `SELECT @@last_gtid` after a CALL (and only then).
+    w.ok(
+        25,
+        &Request::sql("CREATE PROCEDURE p_g() BEGIN INSERT INTO t_g VALUES (100, 0); SELECT COUNT(*) FROM t_g; END"),
+    )
+    .await;
+    last_seq.set(binlog_pos(&sandbox).await.iter().next().unwrap().seq);
+    let r = w.ok(26, &Request::sql("CALL p_g()")).await;
+    step("CALL that writes, then returns rows", &r, &binlog_pos(&sandbox).await);
+    w.ok(
+        27,
+        &Request::sql("CREATE PROCEDURE p_w() BEGIN INSERT INTO t_g VALUES (101, 0); END"),
+    )
+    .await;
+    last_seq.set(binlog_pos(&sandbox).await.iter().next().unwrap().seq);
+    let r = w.ok(28, &Request::sql("CALL p_w()")).await;
+    step("CALL that writes", &r, &binlog_pos(&sandbox).await);
+    w.ok(
+        29,
+        &Request::sql("CREATE PROCEDURE p_r() BEGIN SELECT COUNT(*) FROM t_g; END"),
+    )
+    .await;
+    // A write, then (no reset between) a CALL that writes nothing: the session's
+    // last_gtid is still the write's, which is not the CALL's.
+    let r = w.ok(30, &Request::sql("INSERT INTO t_g VALUES (102, 0)")).await;
+    step("INSERT before a reading CALL", &r, &binlog_pos(&sandbox).await);
+    let r = w.ok(31, &Request::sql("CALL p_r()")).await;
+    assert_eq!(r.end.gtid, None, "a CALL that wrote nothing");
+    let r = w.ok(32, &Request::sql("CALL p_r()")).await;
+    assert_eq!(r.end.gtid, None, "a CALL that wrote nothing, after a reset");
+
     // Nothing committed: a failed write, an update of no row.
     let r = w.request(23, &Request::sql("INSERT INTO t_g VALUES (1, 0)")).await;
     assert_eq!(r.error.as_ref().and_then(|e| e.errno), Some(1062));
