@@ -1,10 +1,11 @@
 //! The [`Client`]: a cheap, cloneable handle; and the background task that keeps
 //! one usable connection (reconnecting with back-off, moving on after `GOAWAY`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use osprey_protocol::{ErrorCode, Request, Statement, Value};
+use osprey_protocol::{ErrorCode, GtidPos, Request, Statement, Value};
 use serde::de::DeserializeOwned;
 use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
@@ -43,6 +44,10 @@ pub(crate) struct Inner {
     pub stats: Arc<Stats>,
     state: watch::Receiver<ConnState>,
     waiting: AtomicUsize,
+    /// Read-your-writes: the newest GTID position seen in an `END`, per cluster as the
+    /// requests named it (`None`: the dispatcher's first). Positions of different
+    /// clusters are unrelated. Locked only to merge a write's GTID or copy a position out.
+    positions: Mutex<HashMap<Option<String>, GtidPos>>,
     /// Dropped with the last handle: stops the connection manager.
     _shutdown: oneshot::Sender<()>,
 }
@@ -56,6 +61,31 @@ impl Drop for WaitingGuard<'_> {
 }
 
 impl Inner {
+    /// Takes in the GTID of a request's `END` (`cluster` as the request named it).
+    pub fn saw_gtid(&self, cluster: &Option<String>, gtid: &str) {
+        let pos = match GtidPos::parse(gtid) {
+            Ok(p) if !p.is_empty() => p,
+            Ok(_) => return,
+            Err(e) => {
+                warn!(gtid, error = %e, "END carried a GTID that is not one; ignored");
+                return;
+            }
+        };
+        let mut positions = self.positions.lock().unwrap_or_else(|p| p.into_inner());
+        match positions.get_mut(cluster) {
+            Some(mine) => mine.merge(&pos),
+            None => {
+                positions.insert(cluster.clone(), pos);
+            }
+        }
+    }
+
+    /// The newest position seen for `cluster` (as the requests named it).
+    pub fn position(&self, cluster: &Option<String>) -> Option<GtidPos> {
+        let positions = self.positions.lock().unwrap_or_else(|p| p.into_inner());
+        positions.get(cluster).cloned()
+    }
+
     /// A connection that accepts new streams, waiting up to `connection_wait` while
     /// the manager reconnects.
     pub async fn wait_conn(&self) -> Result<ConnHandle, Error> {
@@ -211,6 +241,7 @@ impl Client {
                 stats,
                 state: state_rx,
                 waiting: AtomicUsize::new(0),
+                positions: Mutex::new(HashMap::new()),
                 _shutdown: shutdown_tx,
             }),
         })
@@ -219,6 +250,23 @@ impl Client {
     /// The configuration this client was built with.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.cfg
+    }
+
+    /// Read-your-writes: the newest GTID position this client (and its clones) received
+    /// in an `END` for `cluster` (`None`: [`ClientConfig::cluster`], the default cluster
+    /// of this client's requests), merged per replication domain; `None` before any
+    /// write there reported one. This is what requests send as `causal_gtid` when
+    /// read-your-writes is on.
+    ///
+    /// ```no_run
+    /// # async fn f(client: osprey_client::Client) -> Result<(), osprey_client::Error> {
+    /// client.execute("INSERT INTO t VALUES (1)", &[]).await?;
+    /// println!("wrote up to {:?}", client.last_gtid(None).map(|p| p.to_string()));
+    /// # Ok(()) }
+    /// ```
+    pub fn last_gtid(&self, cluster: Option<&str>) -> Option<GtidPos> {
+        let key = cluster.map(str::to_owned).or_else(|| self.inner.cfg.cluster.clone());
+        self.inner.position(&key)
     }
 
     /// Counters: streams opened and closed, in flight, reconnects, retries.

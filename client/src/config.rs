@@ -58,6 +58,14 @@ pub struct ClientConfig {
     /// The cluster requests run on when they name none (`None`, the default: the
     /// dispatcher's first cluster).
     pub cluster: Option<String>,
+    /// Read-your-writes (default `false`): every request carries the newest GTID
+    /// position this [`Client`](crate::Client) has seen in an `END` for its cluster
+    /// (`REQUEST.causal_gtid`), so the dispatcher serves a read only from a replica that
+    /// has applied it, or from the primary. A request can override it with
+    /// [`RequestExt::with_read_your_writes`](crate::RequestExt::with_read_your_writes).
+    /// Needs a dispatcher of protocol 1.3 or later; an older one ignores it (a warning is
+    /// logged at connect).
+    pub read_your_writes: bool,
 }
 
 impl ClientConfig {
@@ -79,6 +87,7 @@ impl ClientConfig {
             max_waiting: 10_000,
             tls: None,
             cluster: None,
+            read_your_writes: false,
         }
     }
 

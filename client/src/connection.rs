@@ -473,6 +473,14 @@ pub(crate) async fn connect(addr: &str, cfg: &ClientConfig, stats: Arc<Stats>) -
                 format!("connecting to {addr} timed out after {:?}", cfg.connect_timeout),
             )
         })??;
+    if cfg.read_your_writes && ack.version_minor < 3 {
+        // It would ignore REQUEST.causal_gtid: reads may be served by a lagging replica.
+        tracing::warn!(
+            addr,
+            version = %format!("{}.{}", ack.version_major, ack.version_minor),
+            "read_your_writes is on, but this dispatcher predates protocol 1.3 and ignores it"
+        );
+    }
     let max_payload = (ack.max_payload as usize).clamp(1024, osprey_protocol::DEFAULT_MAX_PAYLOAD);
     *writer.encoder_mut() = FrameCodec::new(max_payload);
     let max_streams = ack

@@ -51,6 +51,37 @@
 //! the whole connection. Keepalive-timeout detection is suspended while the connection
 //! is paused that way.
 //!
+//! # Read-your-writes
+//!
+//! Against MariaDB, the `END` of a request that committed carries its GTID
+//! ([`ExecResult::gtid`]); the [`Client`] keeps the newest position per cluster
+//! ([`Client::last_gtid`]). With [`ClientConfig::read_your_writes`] on (or per request,
+//! [`RequestExt::with_read_your_writes`]), requests carry that position as
+//! `causal_gtid`, and the dispatcher routes such a read only to a replica that has
+//! applied it, or to the primary: a read after a write through the same `Client` sees
+//! the write, wherever it runs. Clones of a `Client` share the position; separate
+//! `Client`s (other processes) do not, so pass [`Client::last_gtid`] along
+//! ([`RequestExt::with_causal_gtid`]) where a write in one must be seen by a read in
+//! another. Positions are per cluster name as sent (`REQUEST.cluster`, after
+//! [`ClientConfig::cluster`]); name a cluster the same way throughout (a request without
+//! a cluster and one naming the dispatcher's first cluster keep separate positions).
+//! Requires a dispatcher of protocol 1.3 or later (an older one ignores the field and a
+//! read may be stale).
+//!
+//! ```no_run
+//! use osprey_client::{params, Client, ClientConfig, Request, RequestExt};
+//! # async fn f() -> Result<(), osprey_client::Error> {
+//! let mut config = ClientConfig::new("127.0.0.1:7400", "token");
+//! config.read_your_writes = true;
+//! let client = Client::connect(config).await?;
+//! client.execute("UPDATE users SET name = ? WHERE id = ?", &params!["ann", 7]).await?;
+//! // Sees the update, even when served by a replica.
+//! let r = client.query("SELECT name FROM users WHERE id = ?", &params![7]).await?;
+//! // This one does not wait for it (any eligible replica).
+//! let r = client.send(Request::sql("SELECT COUNT(*) FROM users").with_read_your_writes(false)).await?;
+//! # Ok(()) }
+//! ```
+//!
 //! # Keepalive
 //!
 //! The client sends `PING` every `keepalive_interval` (or the dispatcher's
@@ -74,7 +105,7 @@ use std::time::Duration;
 pub use client::{Client, ClientStats};
 pub use config::{ClientConfig, DEFAULT_ADDR, DEFAULT_ADMIN_ADDR};
 pub use error::Error;
-pub use osprey_protocol::{Column, ErrorCode, Origin, Request, Statement, Value};
+pub use osprey_protocol::{Column, ErrorCode, Gtid, GtidError, GtidPos, Origin, Request, Statement, Value};
 pub use rows::{display_value, value_to_json, FromRow, FromValue, IntoParam, ResultSetMeta, Row};
 pub use stream::{BatchResult, ExecResult, QueryResult, ResultSet, RowStream, StreamItem};
 pub use tls::TlsConfig;
@@ -107,6 +138,13 @@ pub trait RequestExt: Sized {
     fn with_timeout(self, timeout: Duration) -> Self;
     /// The cluster to run on (default: [`ClientConfig::cluster`], else the dispatcher's first).
     fn with_cluster(self, cluster: impl Into<String>) -> Self;
+    /// Read-your-writes for this request, whatever [`ClientConfig::read_your_writes`]
+    /// says: `true` sends the client's newest GTID position for the request's cluster as
+    /// `causal_gtid`, `false` sends none (beyond one set with [`with_causal_gtid`](Self::with_causal_gtid)).
+    fn with_read_your_writes(self, yes: bool) -> Self;
+    /// A GTID position this request must see (e.g. [`Client::last_gtid`] of another
+    /// client). With read-your-writes on, the client's own position is merged in.
+    fn with_causal_gtid(self, pos: &GtidPos) -> Self;
 }
 
 impl RequestExt for Request {
@@ -132,6 +170,14 @@ impl RequestExt for Request {
     }
     fn with_cluster(mut self, cluster: impl Into<String>) -> Self {
         self.cluster = Some(cluster.into());
+        self
+    }
+    fn with_read_your_writes(mut self, yes: bool) -> Self {
+        self.read_your_writes = Some(yes);
+        self
+    }
+    fn with_causal_gtid(mut self, pos: &GtidPos) -> Self {
+        self.causal_gtid = (!pos.is_empty()).then(|| pos.to_string());
         self
     }
 }

@@ -11,7 +11,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
-use osprey_protocol::{Column, Columns, End, ErrorBody, ErrorCode, Frame, Kind, Request, Rows, Value};
+use osprey_protocol::{Column, Columns, End, ErrorBody, ErrorCode, Frame, GtidPos, Kind, Request, Rows, Value};
 use tokio::time::Instant;
 use tracing::{debug, Instrument};
 
@@ -35,6 +35,10 @@ pub struct ExecResult {
     pub server_time: Duration,
     /// Time the request waited for a worker in the dispatcher.
     pub queue_time: Duration,
+    /// The GTID position of the request's last commit (MariaDB `domain-server-seq`, a
+    /// comma-separated list for several domains); `None` when it committed nothing.
+    /// See [`Client::last_gtid`](crate::Client::last_gtid).
+    pub gtid: Option<String>,
 }
 
 impl From<End> for ExecResult {
@@ -46,6 +50,7 @@ impl From<End> for ExecResult {
             rows: e.rows,
             server_time: Duration::from_micros(e.server_time_us),
             queue_time: Duration::from_micros(e.queue_time_us),
+            gtid: e.gtid,
         }
     }
 }
@@ -124,6 +129,10 @@ pub(crate) struct Call {
     restartable: bool,
     /// An earlier attempt may have reached a database.
     maybe_dispatched: bool,
+    /// Send the client's GTID position for the cluster as `causal_gtid`.
+    read_your_writes: bool,
+    /// The `causal_gtid` the caller set, merged with the client's position at each attempt.
+    causal_gtid: Option<String>,
     has_result_set: bool,
     started: bool,
     done: bool,
@@ -135,6 +144,8 @@ impl Call {
         if req.cluster.is_none() {
             req.cluster.clone_from(&inner.cfg.cluster);
         }
+        let read_your_writes = req.read_your_writes.unwrap_or(inner.cfg.read_your_writes);
+        let causal_gtid = req.causal_gtid.clone();
         let timeout = match req.timeout_ms {
             0 => inner.cfg.request_timeout,
             ms => Some(Duration::from_millis(ms)),
@@ -155,6 +166,8 @@ impl Call {
             yielded: false,
             restartable,
             maybe_dispatched: false,
+            read_your_writes,
+            causal_gtid,
             has_result_set: false,
             started: false,
             done: false,
@@ -338,6 +351,9 @@ impl Call {
                     return Ok(None);
                 }
                 let end: End = frame.body().map_err(bad)?;
+                if let Some(gtid) = &end.gtid {
+                    self.inner.saw_gtid(&self.req.cluster, gtid);
+                }
                 Ok(Some(Event::End(end.into())))
             }
             other => Err(Error::client(
@@ -348,12 +364,26 @@ impl Call {
         }
     }
 
+    /// The position a read-your-writes request must see: the client's for the cluster,
+    /// with the caller's own `causal_gtid` (already validated) merged in.
+    fn causal_position(&self, cluster: &Option<String>) -> Option<String> {
+        let mut pos = self.inner.position(cluster).unwrap_or_default();
+        if let Some(given) = self.causal_gtid.as_deref().and_then(|g| GtidPos::parse(g).ok()) {
+            pos.merge(&given);
+        }
+        (!pos.is_empty()).then(|| pos.to_string())
+    }
+
     /// Waits for a usable connection and opens a stream on it.
     async fn start(&mut self) -> Result<StreamGuard, Error> {
         loop {
             let conn = self.inner.wait_conn().await?;
             self.span.record("conn", conn.shared.connection_id);
             let mut req = std::mem::take(&mut self.req);
+            if self.read_your_writes {
+                // At each attempt: a write that ended meanwhile counts too.
+                req.causal_gtid = self.causal_position(&req.cluster);
+            }
             if let Some(d) = self.deadline {
                 let left = d.saturating_duration_since(Instant::now());
                 req.timeout_ms = (left.as_millis() as u64).max(1);

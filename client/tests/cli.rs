@@ -208,6 +208,33 @@ async fn sql_prints_table_json_and_errors() {
     .await;
     assert_eq!(text(&p.await.unwrap()).0, "affected rows: 5\n");
 
+    // A write's GTID (protocol 1.3), in text and JSON.
+    for (json, expected) in [
+        (false, "affected rows: 1\ngtid: 0-1-9\n"),
+        (
+            true,
+            "{\"affected_rows\":1,\"gtid\":\"0-1-9\",\"last_insert_id\":null,\"warnings\":0}\n",
+        ),
+    ] {
+        let mut args = vec!["DELETE FROM t WHERE id = 1"];
+        if json {
+            args.push("--json");
+        }
+        let p = run(base(&args));
+        let mut conn = server.accept().await;
+        let (s, _) = conn.request().await;
+        conn.end(
+            s,
+            End {
+                affected_rows: 1,
+                gtid: Some("0-1-9".into()),
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(text(&p.await.unwrap()).0, expected);
+    }
+
     let p = run(base(&["SELEC 1"]));
     let mut conn = server.accept().await;
     let (s, _) = conn.request().await;

@@ -346,6 +346,7 @@ fn sample_frames() -> Vec<(String, Frame)> {
                     rows: 2,
                     server_time_us: 180,
                     queue_time_us: 25,
+                    gtid: None,
                 },
             ),
         ),

@@ -273,6 +273,17 @@ pub struct Request {
     /// The cluster to run on (absent: the dispatcher's first cluster). Protocol 1.2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// Read-your-writes (protocol 1.3): the request must see at least this MariaDB GTID
+    /// position (`domain-server-seq`, comma-separated per domain; see [`crate::GtidPos`]),
+    /// typically the newest `END.gtid` the client received for this cluster. The
+    /// dispatcher routes such a read only to a replica known to have applied it, or to
+    /// the primary; it never reaches the database. A dispatcher before 1.3 ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub causal_gtid: Option<String>,
+    /// Not on the wire: the SDK's per-request choice of read-your-writes (`None`: its
+    /// `ClientConfig::read_your_writes`). It decides whether the SDK fills `causal_gtid`.
+    #[serde(skip)]
+    pub read_your_writes: Option<bool>,
 }
 
 /// The most parameters one statement may have: MySQL's prepared statements count them
@@ -288,9 +299,13 @@ impl Request {
         }
     }
 
-    /// Checks the shape rules and every parameter ([`Value::check_param`], at most
-    /// [`MAX_PARAMS`] per statement); the message says what is wrong.
+    /// Checks the shape rules, `causal_gtid` ([`crate::GtidPos::parse`]) and every
+    /// parameter ([`Value::check_param`], at most [`MAX_PARAMS`] per statement); the
+    /// message says what is wrong.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(gtid) = &self.causal_gtid {
+            crate::GtidPos::parse(gtid).map_err(|e| format!("causal_gtid: {e}"))?;
+        }
         match (self.sql.is_empty(), self.batch.is_empty()) {
             (true, true) => Err("request has neither sql nor batch".into()),
             (false, false) => Err("request has both sql and batch".into()),
@@ -377,6 +392,13 @@ pub struct End {
     pub server_time_us: u64,
     /// Time the request waited for a worker in the dispatcher, microseconds.
     pub queue_time_us: u64,
+    /// The MariaDB GTID position of the request's last write (`domain-server-seq`, or a
+    /// comma-separated list when it wrote in several domains): what a later read must
+    /// see to see this request's writes. Absent when the request committed nothing (a
+    /// read, a write that changed no row, an error) or the server does not report it.
+    /// Protocol 1.3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gtid: Option<String>,
 }
 
 /// `ERROR`: on a stream, always followed by `END`; on stream 0, the connection closes after it.

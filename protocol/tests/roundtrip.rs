@@ -149,9 +149,10 @@ fn arb_request() -> impl Strategy<Value = Request> {
         any::<(bool, bool, bool)>(),
         any::<u64>(),
         prop::option::of(any::<String>()),
+        prop::option::of(any::<String>()),
     )
         .prop_map(
-            |(sql, params, batch, (read_only, idempotent, force_primary), timeout_ms, cluster)| Request {
+            |(sql, params, batch, (read_only, idempotent, force_primary), timeout_ms, cluster, causal_gtid)| Request {
                 sql,
                 params,
                 batch,
@@ -160,6 +161,9 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 force_primary,
                 timeout_ms,
                 cluster,
+                causal_gtid,
+                // Not on the wire: a decoded request always has None.
+                read_your_writes: None,
             },
         )
 }
@@ -193,15 +197,17 @@ fn arb_end() -> impl Strategy<Value = End> {
         any::<u64>(),
         any::<u64>(),
         any::<u64>(),
+        opt_string(),
     )
         .prop_map(
-            |(affected_rows, last_insert_id, warnings, rows, server_time_us, queue_time_us)| End {
+            |(affected_rows, last_insert_id, warnings, rows, server_time_us, queue_time_us, gtid)| End {
                 affected_rows,
                 last_insert_id,
                 warnings,
                 rows,
                 server_time_us,
                 queue_time_us,
+                gtid,
             },
         )
 }
@@ -921,5 +927,132 @@ fn backend_tls_is_left_out_when_absent_and_modes_are_snake_case() {
     ] {
         let bytes = rmp_serde::to_vec_named(&v).unwrap();
         assert_eq!(rmp_serde::from_slice::<String>(&bytes).unwrap(), wire);
+    }
+}
+
+/// Protocol 1.3's fields are left out when absent, so a 1.2 peer sees the keys it knew;
+/// and bodies from a 1.2 peer (without them) decode with `None`.
+#[test]
+fn read_your_writes_fields_are_optional_and_left_out_when_absent() {
+    fn keys(payload: &[u8]) -> std::collections::BTreeSet<String> {
+        let map: std::collections::BTreeMap<String, serde::de::IgnoredAny> = rmp_serde::from_slice(payload).unwrap();
+        map.into_keys().collect()
+    }
+    let end = End {
+        affected_rows: 1,
+        ..Default::default()
+    };
+    let plain = Frame::new(Kind::End, 1, &end);
+    assert!(!keys(&plain.payload).contains("gtid"));
+    let with = End {
+        gtid: Some("0-1-42".into()),
+        ..end.clone()
+    };
+    let frame = Frame::new(Kind::End, 1, &with);
+    assert!(keys(&frame.payload).contains("gtid"));
+    assert_eq!(frame.body::<End>().unwrap(), with);
+
+    let req = Request::sql("SELECT 1");
+    let plain = Frame::new(Kind::Request, 1, &req);
+    assert!(!keys(&plain.payload).contains("causal_gtid"));
+    let with = Request {
+        causal_gtid: Some("0-1-42,1-2-7".into()),
+        cluster: Some("main".into()),
+        ..req.clone()
+    };
+    let frame = Frame::new(Kind::Request, 1, &with);
+    assert!(keys(&frame.payload).contains("causal_gtid"));
+    assert_eq!(frame.body::<Request>().unwrap(), with);
+    // The SDK's per-request switch never travels.
+    let local = Request {
+        read_your_writes: Some(true),
+        ..req.clone()
+    };
+    let frame = Frame::new(Kind::Request, 1, &local);
+    assert!(!keys(&frame.payload).contains("read_your_writes"));
+    assert_eq!(frame.body::<Request>().unwrap(), req);
+
+    // A 1.2 END and a 1.2 REQUEST, every field they had.
+    #[derive(Serialize)]
+    struct End12 {
+        affected_rows: u64,
+        last_insert_id: Option<u64>,
+        warnings: u32,
+        rows: u64,
+        server_time_us: u64,
+        queue_time_us: u64,
+    }
+    let e: End = decode_partial(
+        Kind::End,
+        1,
+        &End12 {
+            affected_rows: 2,
+            last_insert_id: Some(9),
+            warnings: 0,
+            rows: 0,
+            server_time_us: 10,
+            queue_time_us: 3,
+        },
+    );
+    assert_eq!(e.gtid, None);
+    assert_eq!(e.last_insert_id, Some(9));
+    #[derive(Serialize)]
+    struct Request12 {
+        sql: &'static str,
+        params: Vec<Value>,
+        batch: Vec<Statement>,
+        read_only: bool,
+        idempotent: bool,
+        force_primary: bool,
+        timeout_ms: u64,
+        cluster: Option<&'static str>,
+    }
+    let r: Request = decode_partial(
+        Kind::Request,
+        1,
+        &Request12 {
+            sql: "SELECT 1",
+            params: vec![],
+            batch: vec![],
+            read_only: true,
+            idempotent: false,
+            force_primary: false,
+            timeout_ms: 0,
+            cluster: Some("b"),
+        },
+    );
+    assert_eq!(r.causal_gtid, None);
+    assert_eq!(r.cluster.as_deref(), Some("b"));
+    // nil is as good as absent.
+    #[derive(Serialize)]
+    struct NilGtid {
+        sql: &'static str,
+        causal_gtid: Option<&'static str>,
+    }
+    let r: Request = decode_partial(
+        Kind::Request,
+        1,
+        &NilGtid {
+            sql: "SELECT 1",
+            causal_gtid: None,
+        },
+    );
+    assert_eq!(r, Request::sql("SELECT 1"));
+}
+
+#[test]
+fn a_causal_gtid_that_is_no_position_fails_validation() {
+    let ok = Request {
+        causal_gtid: Some("0-1-5, 1-1-2".into()),
+        ..Request::sql("SELECT 1")
+    };
+    assert_eq!(ok.validate(), Ok(()));
+    for bad in ["0-1", "0-1-5,0-2-6", "x"] {
+        let r = Request {
+            causal_gtid: Some(bad.into()),
+            ..Request::sql("SELECT 1")
+        };
+        let e = r.validate().unwrap_err();
+        assert!(e.starts_with("causal_gtid: "), "{e}");
     }
 }

@@ -100,6 +100,7 @@ fn example() -> Vec<(&'static str, Frame)> {
                     rows: 1,
                     server_time_us: 180,
                     queue_time_us: 25,
+                    gtid: None,
                 },
             ),
         ),

@@ -5,12 +5,12 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use mysql_async::consts::StatusFlags;
+use mysql_async::consts::{SessionStateType, StatusFlags};
 use mysql_async::prelude::{Protocol, Queryable};
-use mysql_async::{Conn, Params, QueryResult, Row};
+use mysql_async::{Conn, OkPacket, Params, QueryResult, Row, SessionStateChange};
 use osprey_protocol::{
-    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, ProtocolError, Request, Rows, SessionReset, Statement,
-    Value,
+    Columns, End, ErrorBody, ErrorCode, Frame, GtidPos, Kind, Origin, ProtocolError, Request, Rows, SessionReset,
+    Statement, Value,
 };
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -77,6 +77,11 @@ pub struct Executor {
     reset: SessionReset,
     /// The server's `max_allowed_packet`: a larger packet makes the server close the session.
     max_packet: usize,
+    /// The session reports `last_gtid` in OK packets (`session::TRACK_LAST_GTID`), to be
+    /// asked again after each session reset.
+    track_gtid: bool,
+    /// The session's `@@last_gtid` as last seen (`None`: empty, as after a reset).
+    session_gtid: Option<String>,
 }
 
 impl Executor {
@@ -87,6 +92,7 @@ impl Executor {
         mariadb: bool,
         reset: SessionReset,
         max_packet: usize,
+        track_gtid: bool,
     ) -> Executor {
         Executor {
             conn,
@@ -96,6 +102,8 @@ impl Executor {
             dead: false,
             reset,
             max_packet,
+            track_gtid,
+            session_gtid: None,
         }
     }
 
@@ -254,6 +262,9 @@ impl Executor {
         let stop = self.tracker.reason(stream);
         // Waits for a KILL QUERY in flight, so it cannot hit the clean-up below.
         let settled = self.tracker.finish(stream).await;
+        if self.track_gtid && settled && result.is_ok() && commits_out_of_sight(&request) {
+            self.ask_last_gtid(&mut acc).await;
+        }
         let fatal = matches!(&result, Err(ExecError::Db(e)) if session::classify(e) == ErrorClass::Fatal);
         let cleaned = if fatal || matches!(result, Err(ExecError::Link(_))) {
             Ok(false)
@@ -261,11 +272,16 @@ impl Executor {
             Err("a KILL QUERY did not settle in time".to_string())
         } else {
             match reset_session(&mut self.conn, result.is_err()).await {
-                Ok(left_open) if leaves_state => {
-                    reset_connection(&mut self.conn, self.mariadb).await.map(|()| left_open)
-                }
+                Ok(left_open) if leaves_state => reset_connection(&mut self.conn, self.mariadb, self.track_gtid)
+                    .await
+                    .map(|()| left_open),
                 r => r.map_err(|e| e.to_string()),
             }
+        };
+        // A reset empties @@last_gtid; otherwise the session keeps the last commit's.
+        self.session_gtid = match &cleaned {
+            Ok(_) if leaves_state => None,
+            _ => acc.last_gtid.clone().or(self.session_gtid.take()),
         };
         let result = match (result, cleaned) {
             (Ok(()), Ok(true)) => Err(ExecError::LeftOpen),
@@ -293,6 +309,7 @@ impl Executor {
                     rows: out.sent_rows,
                     server_time_us: elapsed,
                     queue_time_us: 0,
+                    gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
                 };
                 out.end(&end).await?;
                 Ok(Outcome::Served)
@@ -310,6 +327,47 @@ impl Executor {
             }
         }
     }
+}
+
+impl Executor {
+    /// The fallback for [`commits_out_of_sight`]: reads `@@last_gtid` and takes it in if
+    /// it is not what the session already had before (then this request committed it).
+    async fn ask_last_gtid(&mut self, acc: &mut Summary) {
+        match self.conn.query_first::<String, _>("SELECT @@last_gtid").await {
+            Ok(Some(now)) if !now.is_empty() => {
+                let known = acc.last_gtid.as_ref().or(self.session_gtid.as_ref());
+                if known != Some(&now) {
+                    take_gtid(&now, acc);
+                }
+            }
+            Ok(_) => {}
+            // The session reset that follows meets the same trouble and decides.
+            Err(e) => debug!(error = %e, "SELECT @@last_gtid failed"),
+        }
+    }
+}
+
+/// Whether a commit of the request may report its GTID only in an OK packet the driver
+/// does not show: one that ends a result set followed by another (a procedure that
+/// writes and then returns rows, a compound statement). `CALL`, `EXECUTE` and compound
+/// statements; their requests pay a session reset anyway.
+fn commits_out_of_sight(request: &Request) -> bool {
+    let texts: Vec<&str> = if request.batch.is_empty() {
+        vec![&request.sql]
+    } else {
+        request.batch.iter().map(|s| s.sql.as_str()).collect()
+    };
+    texts.into_iter().any(|sql| {
+        let code = osprey_sql::code_text(sql);
+        let found = osprey_sql::top_level_statements(&code).any(|st| {
+            let first = st.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+            matches!(
+                first.as_str(),
+                "call" | "execute" | "begin" | "if" | "case" | "loop" | "while" | "repeat"
+            )
+        });
+        found
+    })
 }
 
 /// The next request may come from another client: never hand it an open
@@ -340,8 +398,10 @@ async fn reset_session(conn: &mut Conn, failed: bool) -> Result<bool, mysql_asyn
 }
 
 /// Gives the session back its initial state: variables, temporary tables,
-/// user locks, prepared statements, and the configured database.
-async fn reset_connection(conn: &mut Conn, mariadb: bool) -> Result<(), String> {
+/// user locks, prepared statements, and the configured database; then asks again for
+/// `last_gtid` tracking (`track_gtid`), which the reset turned off with the other
+/// session variables.
+async fn reset_connection(conn: &mut Conn, mariadb: bool, track_gtid: bool) -> Result<(), String> {
     let db = conn
         .opts()
         .db_name()
@@ -355,13 +415,24 @@ async fn reset_connection(conn: &mut Conn, mariadb: bool) -> Result<(), String> 
         // No database to go back to (COM_RESET_CONNECTION keeps the current one),
         // or a server without it: COM_CHANGE_USER with the same credentials resets
         // everything, the database included.
-        return conn.change_user(Default::default()).await.map_err(|e| e.to_string());
+        conn.change_user(Default::default()).await.map_err(|e| e.to_string())?;
+        if track_gtid {
+            conn.query_drop(session::TRACK_LAST_GTID)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        return Ok(());
     }
     let mut restore = format!("USE `{}`", db.unwrap_or_default());
     if !mariadb {
         // MySQL's reset also resets the connection character set to the server's
         // default (MySQL bug #97633); put back what the driver negotiated.
         restore.push_str("; SET NAMES utf8mb4 COLLATE utf8mb4_general_ci");
+    }
+    if track_gtid {
+        // In the same round trip as the USE.
+        restore.push_str("; ");
+        restore.push_str(session::TRACK_LAST_GTID);
     }
     conn.query_drop(restore).await.map_err(|e| e.to_string())
 }
@@ -372,6 +443,43 @@ struct Summary {
     affected_rows: u64,
     last_insert_id: Option<u64>,
     warnings: u32,
+    /// GTIDs the server reported for the request's commits (`last_gtid`), merged per domain.
+    gtid: GtidPos,
+    /// The last `last_gtid` value reported, as the server wrote it.
+    last_gtid: Option<String>,
+}
+
+fn take_gtid(text: &str, acc: &mut Summary) {
+    match GtidPos::parse(text) {
+        Ok(pos) => {
+            acc.gtid.merge(&pos);
+            acc.last_gtid = Some(text.to_owned());
+        }
+        Err(e) => debug!(value = %text, error = %e, "last_gtid is not a GTID"),
+    }
+}
+
+/// Takes in the `last_gtid` an OK packet reports: the server sends it only when it
+/// changed, that is when the statement just ended committed a transaction. A packet
+/// without the session-state flag (every read's) costs one bit test.
+fn note_gtid(ok: Option<&OkPacket<'_>>, acc: &mut Summary) {
+    let Some(ok) = ok.filter(|ok| ok.status_flags().contains(StatusFlags::SERVER_SESSION_STATE_CHANGED)) else {
+        return;
+    };
+    let Ok(changes) = ok.session_state_info() else {
+        return;
+    };
+    for change in changes {
+        if change.data_type() != SessionStateType::SESSION_TRACK_SYSTEM_VARIABLES {
+            continue;
+        }
+        let Ok(SessionStateChange::SystemVariables(vars)) = change.decode() else {
+            continue;
+        };
+        for var in vars.iter().filter(|v| v.name_bytes() == b"last_gtid") {
+            take_gtid(&String::from_utf8_lossy(var.value_bytes()), acc);
+        }
+    }
 }
 
 async fn run_batch(
@@ -394,6 +502,8 @@ async fn run_batch(
             return Err(ExecError::Stopped(reason));
         }
         conn.query_drop("COMMIT").await?;
+        // The statements' OK packets carry no GTID inside the transaction: the COMMIT's does.
+        note_gtid(conn.last_ok_packet(), acc);
         Ok(())
     }
     .await;
@@ -424,7 +534,7 @@ async fn run_statement(
 ) -> Result<(), ExecError> {
     if params.is_empty() {
         let mut result = conn.query_iter(sql).await?;
-        stream_results(&mut result, out, acc).await
+        stream_results(&mut result, out, acc).await?;
     } else {
         // The server's own count of markers (the statement is cached, so this costs a
         // round trip only the first time): the driver would close the session on a
@@ -440,8 +550,12 @@ async fn run_statement(
         }
         let params = Params::Positional(params.iter().map(convert::param).collect());
         let mut result = conn.exec_iter(&stmt, params).await?;
-        stream_results(&mut result, out, acc).await
+        stream_results(&mut result, out, acc).await?;
     }
+    // The statement's last packet: the end of its last result set (`INSERT ... RETURNING`,
+    // a CALL's status), whose GTID `stream_results` cannot see.
+    note_gtid(conn.last_ok_packet(), acc);
+    Ok(())
 }
 
 /// Checks one statement against everything the driver would refuse, or the server answer
@@ -527,6 +641,7 @@ async fn stream_results<P: Protocol + Unpin>(
         if columns.is_empty() {
             // An OK packet: DML, DDL, or the status at the end of a CALL.
             while set.try_next().await?.is_some() {}
+            note_gtid(set.ok_packet(), acc);
             acc.affected_rows += set.affected_rows();
             if let Some(id) = set.last_insert_id().filter(|id| *id != 0) {
                 acc.last_insert_id = Some(id);
@@ -697,5 +812,48 @@ impl<'o> Emitter<'o> {
     async fn fail(&mut self, body: ErrorBody) -> Result<(), LinkGone> {
         self.link.push(&Frame::new(Kind::Error, self.stream, &body));
         self.end(&End::default()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_out_of_sight_are_procedures_execute_and_compound_statements() {
+        for sql in [
+            "CALL p()",
+            "call p(1)",
+            "SELECT 1; CALL p()",
+            "EXECUTE s",
+            "BEGIN NOT ATOMIC INSERT INTO t VALUES (1); SELECT 1; END",
+            "/* x */ CALL p()",
+        ] {
+            assert!(commits_out_of_sight(&Request::sql(sql)), "{sql}");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "SELECT 'CALL p()'",
+            "SELECT 1 -- CALL p()",
+            "UPDATE t SET `call` = 1",
+            "CREATE PROCEDURE p() BEGIN CALL q(); END",
+            "SELECT recall FROM t",
+        ] {
+            assert!(!commits_out_of_sight(&Request::sql(sql)), "{sql}");
+        }
+        let batch = Request {
+            batch: vec![
+                Statement {
+                    sql: "INSERT INTO t VALUES (1)".into(),
+                    params: vec![],
+                },
+                Statement {
+                    sql: "CALL p()".into(),
+                    params: vec![],
+                },
+            ],
+            ..Default::default()
+        };
+        assert!(commits_out_of_sight(&batch));
     }
 }

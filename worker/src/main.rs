@@ -207,9 +207,18 @@ async fn serve(
                 backend: backend.name.clone(),
                 source,
             })?;
-        Ok::<_, session::SessionError>((conn, opts, info.unwrap_or_default()))
+        let info = info.unwrap_or_default();
+        // MySQL has no last_gtid (its GTIDs are another format): GTIDs in END are MariaDB's.
+        let track_gtid = info.0.contains("MariaDB")
+            && session::track_last_gtid(&mut conn)
+                .await
+                .map_err(|source| session::SessionError::Connect {
+                    backend: backend.name.clone(),
+                    source,
+                })?;
+        Ok::<_, session::SessionError>((conn, opts, info, track_gtid))
     };
-    let (conn, opts, (server_version, max_packet)) = match link.drive(out, opened).await? {
+    let (conn, opts, (server_version, max_packet), track_gtid) = match link.drive(out, opened).await? {
         Ok(c) => c,
         Err(e) => {
             error!(error = %e, "database unreachable");
@@ -246,7 +255,15 @@ async fn serve(
         0 => 16 * 1024 * 1024,
         n => usize::try_from(n).unwrap_or(usize::MAX),
     };
-    let mut exec = Executor::new(conn, tracker, limits, mariadb, settings.session_reset, max_packet);
+    let mut exec = Executor::new(
+        conn,
+        tracker,
+        limits,
+        mariadb,
+        settings.session_reset,
+        max_packet,
+        track_gtid,
+    );
     let mut recycler = Recycler::new(settings.max_requests, settings.max_age_ms, started);
     let idle_check = keepalive.max(MIN_IDLE_CHECK);
     let mut last_db_use = Instant::now();

@@ -224,6 +224,30 @@ pub fn classify(e: &mysql_async::Error) -> ErrorClass {
     }
 }
 
+/// Adds `last_gtid` to the variables the server reports in OK packets when they change
+/// (MariaDB 10.3+), keeping whatever the session tracked already (`*` tracks all). The
+/// OK packet of a statement that committed then carries its GTID: read-your-writes at no
+/// extra round trip. Session variables go back to the server's defaults on every session
+/// reset, so this is sent again after each (`execute::reset_connection`).
+pub const TRACK_LAST_GTID: &str = "SET SESSION session_track_system_variables = \
+     IF(@@session.session_track_system_variables = '*' \
+        OR FIND_IN_SET('last_gtid', @@session.session_track_system_variables), \
+        @@session.session_track_system_variables, \
+        CONCAT_WS(',', NULLIF(@@session.session_track_system_variables, ''), 'last_gtid'))";
+
+/// Asks a MariaDB session to report `last_gtid` ([`TRACK_LAST_GTID`]). `false` (logged)
+/// when the server refuses: the worker then serves without GTIDs in `END`.
+pub async fn track_last_gtid(conn: &mut Conn) -> Result<bool, mysql_async::Error> {
+    match conn.query_drop(TRACK_LAST_GTID).await {
+        Ok(()) => Ok(true),
+        Err(mysql_async::Error::Server(e)) => {
+            tracing::warn!(code = e.code, message = %e.message, "the server does not track last_gtid: no GTID in END");
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

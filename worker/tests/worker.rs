@@ -1374,3 +1374,215 @@ async fn parameters_bind_as_documented() {
     let r = w.ok(18, &with_params("SELECT ?", vec![Value::Bit(vec![0x80])])).await;
     assert_eq!(one(&r), Value::UInt(128));
 }
+
+/// The primary's `@@gtid_binlog_pos`, read on a connection of its own.
+async fn binlog_pos(sandbox: &Sandbox) -> osprey_protocol::GtidPos {
+    let mut c = sandbox.primary().conn().await.unwrap();
+    let pos: Option<String> = c.query_first("SELECT @@gtid_binlog_pos").await.unwrap();
+    c.disconnect().await.unwrap();
+    osprey_protocol::GtidPos::parse(&pos.unwrap_or_default()).unwrap()
+}
+
+/// Read-your-writes (issue 11 item 5): the END of every request that committed carries
+/// the GTID the server reported for it in the OK packet (`last_gtid` session tracking,
+/// no extra query); a read's END carries none.
+#[tokio::test]
+async fn end_carries_the_gtid_of_each_write() {
+    use osprey_protocol::GtidPos;
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, _) = start_worker(settings(&sandbox)).await;
+    let gtid = |r: &Response| -> GtidPos {
+        GtidPos::parse(
+            r.end
+                .gtid
+                .as_deref()
+                .unwrap_or_else(|| panic!("no gtid in {:?}", r.end)),
+        )
+        .unwrap()
+    };
+    // Every step below is one transaction: its END's GTID is the binlog position after it.
+    let last_seq = std::cell::Cell::new(0);
+    let step = |what: &str, r: &Response, pos: &GtidPos| {
+        let g = gtid(r);
+        assert_eq!(g.len(), 1, "{what}: {g}");
+        let one = *g.iter().next().unwrap();
+        assert_eq!(
+            pos.get(one.domain),
+            Some(&one),
+            "{what}: END says {g}, the primary {pos}"
+        );
+        assert!(one.seq > last_seq.get(), "{what}: {g} after seq {}", last_seq.get());
+        last_seq.set(one.seq);
+    };
+
+    let r = w
+        .ok(1, &Request::sql("CREATE TABLE t_g (id INT PRIMARY KEY, v INT)"))
+        .await;
+    step("DDL", &r, &binlog_pos(&sandbox).await);
+    let r = w.ok(2, &Request::sql("INSERT INTO t_g VALUES (1, 0)")).await;
+    step("text INSERT", &r, &binlog_pos(&sandbox).await);
+    let r = w
+        .ok(
+            3,
+            &with_params("INSERT INTO t_g VALUES (?, ?)", vec![Value::Int(2), Value::Int(0)]),
+        )
+        .await;
+    step("prepared INSERT", &r, &binlog_pos(&sandbox).await);
+
+    // Reads: no GTID, and none left over from the write before.
+    for (i, sql) in ["SELECT * FROM t_g", "SELECT 1", "SHOW TABLES"].into_iter().enumerate() {
+        let r = w.ok(10 + i as u32, &Request::sql(sql)).await;
+        assert_eq!(r.end.gtid, None, "{sql}");
+    }
+    let r = w
+        .ok(13, &with_params("SELECT v FROM t_g WHERE id = ?", vec![Value::Int(1)]))
+        .await;
+    assert_eq!(r.end.gtid, None);
+
+    // A batch: one transaction, the COMMIT's GTID.
+    let b = batch(vec![
+        ("INSERT INTO t_g VALUES (3, 0)", vec![]),
+        ("UPDATE t_g SET v = v + 1 WHERE id = ?", vec![Value::Int(1)]),
+        ("SELECT COUNT(*) FROM t_g", vec![]),
+    ]);
+    let before = last_seq.get();
+    let r = w.ok(20, &b).await;
+    step("batch", &r, &binlog_pos(&sandbox).await);
+    assert_eq!(last_seq.get(), before + 1, "the batch is one transaction");
+
+    // A write whose rows come back as a result set.
+    let r = w
+        .ok(21, &Request::sql("INSERT INTO t_g VALUES (4, 0) RETURNING id"))
+        .await;
+    assert_eq!(r.rows[0], vec![vec![Value::Int(4)]]);
+    step("INSERT ... RETURNING", &r, &binlog_pos(&sandbox).await);
+
+    // Several statements in one text: the last one's.
+    let r = w
+        .ok(
+            22,
+            &Request::sql("INSERT INTO t_g VALUES (5, 0); SELECT 1; INSERT INTO t_g VALUES (6, 0)"),
+        )
+        .await;
+    let before = last_seq.get();
+    step("two INSERTs", &r, &binlog_pos(&sandbox).await);
+    assert_eq!(last_seq.get(), before + 2);
+
+    // A procedure that writes, then returns rows: the commit's GTID lands in the OK
+    // packet that ends the procedure's result set, which the driver does not show, so
+    // the worker asks `SELECT @@last_gtid` after a CALL (and only then).
+    w.ok(
+        25,
+        &Request::sql("CREATE PROCEDURE p_g() BEGIN INSERT INTO t_g VALUES (100, 0); SELECT COUNT(*) FROM t_g; END"),
+    )
+    .await;
+    last_seq.set(binlog_pos(&sandbox).await.iter().next().unwrap().seq);
+    let r = w.ok(26, &Request::sql("CALL p_g()")).await;
+    step("CALL that writes, then returns rows", &r, &binlog_pos(&sandbox).await);
+    w.ok(
+        27,
+        &Request::sql("CREATE PROCEDURE p_w() BEGIN INSERT INTO t_g VALUES (101, 0); END"),
+    )
+    .await;
+    last_seq.set(binlog_pos(&sandbox).await.iter().next().unwrap().seq);
+    let r = w.ok(28, &Request::sql("CALL p_w()")).await;
+    step("CALL that writes", &r, &binlog_pos(&sandbox).await);
+    w.ok(
+        29,
+        &Request::sql("CREATE PROCEDURE p_r() BEGIN SELECT COUNT(*) FROM t_g; END"),
+    )
+    .await;
+    // A write, then (no reset between) a CALL that writes nothing: the session's
+    // last_gtid is still the write's, which is not the CALL's.
+    let r = w.ok(30, &Request::sql("INSERT INTO t_g VALUES (102, 0)")).await;
+    step("INSERT before a reading CALL", &r, &binlog_pos(&sandbox).await);
+    let r = w.ok(31, &Request::sql("CALL p_r()")).await;
+    assert_eq!(r.end.gtid, None, "a CALL that wrote nothing");
+    let r = w.ok(32, &Request::sql("CALL p_r()")).await;
+    assert_eq!(r.end.gtid, None, "a CALL that wrote nothing, after a reset");
+
+    // Nothing committed: a failed write, an update of no row.
+    let r = w.request(23, &Request::sql("INSERT INTO t_g VALUES (1, 0)")).await;
+    assert_eq!(r.error.as_ref().and_then(|e| e.errno), Some(1062));
+    assert_eq!(r.end.gtid, None);
+    let pos = binlog_pos(&sandbox).await;
+    let r = w.ok(24, &Request::sql("UPDATE t_g SET v = 9 WHERE id = 999")).await;
+    assert_eq!(r.end.gtid, None, "no row changed, nothing binlogged");
+    assert_eq!(binlog_pos(&sandbox).await, pos);
+
+    // A request that leaves session state is followed by COM_RESET_CONNECTION, which
+    // resets session_track_system_variables: the worker asks again, so the next write
+    // still reports its GTID (and a read still none).
+    let r = w.ok(30, &Request::sql("SET @x = 1")).await;
+    assert_eq!(r.end.gtid, None);
+    let r = w.ok(31, &Request::sql("SELECT @x")).await;
+    assert_eq!(r.rows[0], vec![vec![Value::Null]], "the session was reset");
+    assert_eq!(r.end.gtid, None);
+    let r = w.ok(32, &Request::sql("INSERT INTO t_g VALUES (7, 0)")).await;
+    step("INSERT after a reset", &r, &binlog_pos(&sandbox).await);
+    // The write that leaves state itself, then the next one.
+    let r = w
+        .ok(33, &Request::sql("SET @y = 2; INSERT INTO t_g VALUES (8, 0)"))
+        .await;
+    step("INSERT with SET", &r, &binlog_pos(&sandbox).await);
+    let r = w.ok(34, &Request::sql("INSERT INTO t_g VALUES (9, 0)")).await;
+    step("INSERT after that reset", &r, &binlog_pos(&sandbox).await);
+    // A request that turns the tracking off gets it back for the next one.
+    let r = w
+        .ok(35, &Request::sql("SET SESSION session_track_system_variables = ''"))
+        .await;
+    assert_eq!(r.end.gtid, None);
+    let r = w.ok(36, &Request::sql("INSERT INTO t_g VALUES (10, 0)")).await;
+    step("INSERT after tracking was turned off", &r, &binlog_pos(&sandbox).await);
+
+    // The tracking keeps what the session tracked before (the server's defaults).
+    let r = w
+        .ok(40, &Request::sql("SELECT @@session.session_track_system_variables"))
+        .await;
+    let Value::Text(tracked) = &r.rows[0][0][0] else {
+        panic!("{:?}", r.rows)
+    };
+    let mut d = sandbox.primary().conn().await.unwrap();
+    let global: Option<String> = d
+        .query_first("SELECT @@global.session_track_system_variables")
+        .await
+        .unwrap();
+    let global = global.unwrap();
+    assert!(tracked.split(',').any(|v| v == "last_gtid"), "{tracked}");
+    for v in global.split(',').filter(|v| !v.is_empty()) {
+        assert!(
+            tracked.split(',').any(|t| t == v),
+            "{v} of {global} is no longer tracked: {tracked}"
+        );
+    }
+}
+
+/// The other reset path: without a configured database the worker resets with
+/// COM_CHANGE_USER (`session_reset = always` here, so after every request), and asks
+/// again for `last_gtid` after each.
+#[tokio::test]
+async fn gtid_after_change_user_resets() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let db = sandbox.primary().database().to_string();
+    let mut s = settings(&sandbox);
+    s.backend.database = None;
+    s.session_reset = SessionReset::Always;
+    let (mut w, _) = start_worker(s).await;
+    w.ok(
+        1,
+        &Request::sql(format!("CREATE TABLE `{db}`.t_cu (id INT PRIMARY KEY)")),
+    )
+    .await;
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        let r = w
+            .ok(10 + i, &Request::sql(format!("INSERT INTO `{db}`.t_cu VALUES ({i})")))
+            .await;
+        let g = osprey_protocol::GtidPos::parse(r.end.gtid.as_deref().expect("a GTID after each reset")).unwrap();
+        assert!(binlog_pos(&sandbox).await.dominates(&g));
+        seen.push(g.iter().next().unwrap().seq);
+        let r = w.ok(20 + i, &Request::sql("SELECT 1")).await;
+        assert_eq!(r.end.gtid, None);
+    }
+    assert!(seen.windows(2).all(|w| w[1] == w[0] + 1), "{seen:?}");
+}

@@ -830,10 +830,11 @@ fn print_result(r: &QueryResult, json: bool) {
         }
         if r.sets.is_empty() {
             let s = &r.summary;
-            println!(
-                "{}",
-                serde_json::json!({"affected_rows": s.affected_rows, "last_insert_id": s.last_insert_id, "warnings": s.warnings})
-            );
+            let mut summary = serde_json::json!({"affected_rows": s.affected_rows, "last_insert_id": s.last_insert_id, "warnings": s.warnings});
+            if let Some(gtid) = &s.gtid {
+                summary["gtid"] = gtid.clone().into();
+            }
+            println!("{summary}");
         }
         return;
     }
@@ -856,6 +857,9 @@ fn print_result(r: &QueryResult, json: bool) {
         if let Some(id) = r.summary.last_insert_id {
             println!("last insert id: {id}");
         }
+    }
+    if let Some(gtid) = &r.summary.gtid {
+        println!("gtid: {gtid}");
     }
     if r.summary.warnings > 0 {
         println!("warnings: {}", r.summary.warnings);

@@ -1159,7 +1159,10 @@ impl Opts {
             | CapabilityFlags::CLIENT_MULTI_RESULTS
             | CapabilityFlags::CLIENT_PS_MULTI_RESULTS
             | CapabilityFlags::CLIENT_DEPRECATE_EOF
-            | CapabilityFlags::CLIENT_PLUGIN_AUTH;
+            | CapabilityFlags::CLIENT_PLUGIN_AUTH
+            // Osprey: lets the server report session state changes (`last_gtid`) in
+            // OK packets; mysql_common already parses them (`OkPacket::session_state_info`).
+            | CapabilityFlags::CLIENT_SESSION_TRACK;
 
         if self.inner.mysql_opts.db_name.is_some() {
             out |= CapabilityFlags::CLIENT_CONNECT_WITH_DB;
