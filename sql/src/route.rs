@@ -456,9 +456,9 @@ struct Word<'a> {
     versioned: bool,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Tok<'a> {
-    Word(Word<'a>),
+/// A token other than a word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Punct {
     Open,
     Close,
     Semi,
@@ -476,7 +476,13 @@ struct Classifier<'a> {
     depth: u32,
     /// The first statement's `;` has been seen.
     first_done: bool,
-    pending: Option<Word<'a>>,
+    /// The word waiting for the next token, kept field by field: a stored word read back
+    /// whole after its fields were written one by one stalls the store buffer every time.
+    pending: bool,
+    pending_name: Option<&'a [u8]>,
+    pending_kw: Kw,
+    pending_after_dot: bool,
+    pending_versioned: bool,
     after_dot: bool,
     /// The two words before the current one (`NEXT VALUE FOR`, `FOR UPDATE`, `LOCK IN`).
     prev: [Kw; 2],
@@ -507,28 +513,23 @@ impl<'a> Classifier<'a> {
                     i += 1;
                 }
                 let w = &s[start..i];
-                self.token(Tok::Word(Word {
-                    name: Some(w),
-                    kw: keyword(w),
-                    after_dot: false,
-                    versioned: false,
-                }));
+                self.word_token(Some(w), keyword(w));
                 continue;
             }
             i += 1;
-            let tok = match c {
+            let p = match c {
                 b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => continue,
-                b'(' => Tok::Open,
-                b')' => Tok::Close,
-                b';' => Tok::Semi,
-                b'.' => Tok::Dot,
+                b'(' => Punct::Open,
+                b')' => Punct::Close,
+                b';' => Punct::Semi,
+                b'.' => Punct::Dot,
                 b':' if s.get(i) == Some(&b'=') => {
                     i += 1;
-                    Tok::Assign
+                    Punct::Assign
                 }
-                _ => Tok::Other,
+                _ => Punct::Other,
             };
-            self.token(tok);
+            self.punct(p);
         }
     }
 
@@ -536,64 +537,77 @@ impl<'a> Classifier<'a> {
     /// (a `"…"` one only under ANSI_QUOTES, but a string before `(` is an error anyway).
     fn quoted(&mut self, q: u8, p: &'a [u8], continued: bool) {
         if q == b'\'' {
-            self.token(Tok::Other);
+            self.punct(Punct::Other);
             return;
         }
-        if continued {
-            if let Some(w) = &mut self.pending {
-                w.name = None;
-                return;
-            }
+        if continued && self.pending {
+            self.pending_name = None;
+            return;
         }
         let inner = &p[1..];
         let inner = inner.strip_suffix(&[q]).unwrap_or(inner);
-        self.token(Tok::Word(Word {
-            name: Some(inner),
-            kw: Kw::None,
-            after_dot: false,
-            versioned: false,
-        }));
+        self.word_token(Some(inner), Kw::None);
     }
 
-    fn token(&mut self, tok: Tok<'a>) {
+    /// Before any token: the word waiting for it is resolved. `false`: nothing more to do
+    /// (the answer is Primary).
+    #[inline]
+    fn before_token(&mut self, open: bool) -> bool {
         if self.first_done {
             self.reason = Some(reason::SEVERAL);
+            return false;
+        }
+        if self.pending {
+            self.pending = false;
+            let w = Word {
+                name: self.pending_name,
+                kw: self.pending_kw,
+                after_dot: self.pending_after_dot,
+                versioned: self.pending_versioned,
+            };
+            self.word(w, open);
+        }
+        self.reason.is_none()
+    }
+
+    fn word_token(&mut self, name: Option<&'a [u8]>, kw: Kw) {
+        if !self.before_token(false) {
             return;
         }
-        if let Some(w) = self.pending.take() {
-            self.word(w, matches!(tok, Tok::Open));
-            if self.reason.is_some() {
-                return;
-            }
+        self.pending = true;
+        self.pending_name = name;
+        self.pending_kw = kw;
+        self.pending_after_dot = std::mem::replace(&mut self.after_dot, false);
+        self.pending_versioned = self.versioned;
+    }
+
+    fn punct(&mut self, p: Punct) {
+        if !self.before_token(p == Punct::Open) {
+            return;
         }
-        let after_dot = std::mem::replace(&mut self.after_dot, false);
-        if !matches!(tok, Tok::Word(_)) {
-            self.prev = [Kw::None; 2];
-        }
-        match tok {
-            Tok::Word(mut w) => {
-                w.after_dot = after_dot;
-                w.versioned = self.versioned;
-                self.pending = Some(w);
-            }
-            Tok::Open => self.depth = self.depth.saturating_add(1),
-            Tok::Close => self.depth = self.depth.saturating_sub(1),
-            Tok::Semi => {
+        self.after_dot = false;
+        self.prev = [Kw::None; 2];
+        match p {
+            Punct::Open => self.depth = self.depth.saturating_add(1),
+            Punct::Close => self.depth = self.depth.saturating_sub(1),
+            Punct::Semi => {
                 self.end_statement();
                 self.first_done = true;
             }
-            Tok::Dot => self.after_dot = true,
-            Tok::Assign if matches!(self.head, Head::Select | Head::Show | Head::Read) => {
+            Punct::Dot => self.after_dot = true,
+            Punct::Assign if matches!(self.head, Head::Select | Head::Show | Head::Read) => {
                 self.reason = Some(reason::ASSIGNMENT)
             }
-            Tok::Assign | Tok::Other => {}
+            Punct::Assign | Punct::Other => {}
         }
-        if self.head == Head::Start && !matches!(tok, Tok::Word(_) | Tok::Open) {
+        if self.head == Head::Start && p != Punct::Open {
             self.reason = Some(reason::UNKNOWN);
         }
     }
 
-    /// One word, now that the token after it is known (`call`: it is `(`).
+    /// One word, now that the token after it is known (`call`: it is `(`). Inlined: a
+    /// word passed through memory, its fields just written one by one, stalls the loads.
+    #[inline(always)]
     fn word(&mut self, w: Word<'a>, call: bool) {
         match self.head {
             Head::Start => self.first_word(w),
@@ -676,8 +690,8 @@ impl<'a> Classifier<'a> {
 
     /// The first statement's end (its `;`, or the end of the text).
     fn end_statement(&mut self) {
-        if let Some(w) = self.pending.take() {
-            self.word(w, false);
+        if self.pending {
+            self.before_token(false);
         }
         if self.reason.is_some() {
             return;
