@@ -7,6 +7,7 @@
 //! worker offers `session_reset = "always"`.
 
 mod digest;
+pub mod route;
 pub use digest::{digest, digest_hash, digest_id, parse_digest_id, Digest, KEYWORDS};
 
 /// Statements that control the transaction or take table locks, in any of the
