@@ -163,7 +163,16 @@ pub const SIDE_EFFECT_FUNCTIONS: &[&str] = &[
 ];
 
 /// Where one REQUEST's `sql` (single form) may go. Hints win over the statement.
-/// Never panics, for any text.
+/// Never panics, for any text; allocates nothing.
+///
+/// ```
+/// use osprey_sql::route::{classify, Hint, Route};
+/// assert_eq!(classify("SELECT * FROM t WHERE id = 1").route, Route::Replica);
+/// assert_eq!(classify("SELECT * FROM t WHERE id = 1 FOR UPDATE").why, "locking read");
+/// assert_eq!(classify("SELECT last_insert_id()").why, "side-effect function");
+/// let d = classify("/* osprey:replica */ SELECT report(1)");
+/// assert_eq!((d.route, d.why, d.hint), (Route::Replica, "hint", Some(Hint::Replica)));
+/// ```
 pub fn classify(sql: &str) -> Decision {
     let b = sql.as_bytes();
     let mut c = Classifier::default();
