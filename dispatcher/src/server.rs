@@ -551,14 +551,16 @@ fn sandbox_cluster(sandbox: &Sandbox) -> ClusterConfig {
             cooldown_s: 10,
             ..FailoverConfig::default()
         },
-        delay_period_ms: None,
-        delay_threshold_ms: None,
-        delay_database: None,
+        // The tour shows a lagging replica leaving the read pool.
+        delay_period_ms: Some(500),
+        delay_threshold_ms: Some(1000),
+        delay_database: Some("osprey".into()),
     }
 }
 
 /// Starts the monitors and the topology provider of one cluster, and the follower
 /// that points `pool` at its primary.
+#[allow(clippy::too_many_arguments)]
 fn start_cluster(
     cluster: ClusterConfig,
     single: bool,
@@ -644,6 +646,13 @@ fn start_cluster(
         delay_metrics,
         stop.clone(),
     ) {
+        if rt.reads.is_some() {
+            tokio::spawn(crate::cluster::reads::follow_delay(
+                rt.clone(),
+                d.view.clone(),
+                stop.clone(),
+            ));
+        }
         let _ = rt.delay.set(d);
     }
     rt

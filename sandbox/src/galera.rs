@@ -527,6 +527,12 @@ pub(crate) fn open_for_sst(dir: &Path) -> Result<(), SandboxError> {
     open_tree(dir).map_err(|e| SandboxError::io(format!("opening {} to the SST rsync daemon", dir.display()), e))
 }
 
+/// The joiner's log says its state transfer failed and it gave up.
+pub(crate) fn log_says_state_transfer_failed(log_tail: &str) -> bool {
+    log_tail.contains("Will never receive state")
+        || (log_tail.contains("State transfer to") && log_tail.contains("failed"))
+}
+
 fn open_tree(dir: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
     for entry in std::fs::read_dir(dir)? {

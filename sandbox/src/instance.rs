@@ -405,6 +405,10 @@ impl Instance {
         let mut extra = Vec::new();
         if self.galera.is_some() {
             extra.push(galera::recover_position(self).await?);
+            // Files and database directories the node created since the cluster started
+            // (0700 / 0660, owned by root) must be writable by the joiner's rsync daemon
+            // (`nobody` under root), should this restart need a full state transfer.
+            galera::open_for_sst(self.dir())?;
         } else if self.config.semi_sync {
             // Semi-sync crash recovery (MariaDB 10.6+, MDEV-21117): a server that was
             // primary and died rolls back and truncates from its binary log the commits no
@@ -422,6 +426,17 @@ impl Instance {
                     if attempt < RESTART_ATTEMPTS && ports::log_says_port_in_use(&self.log_since(log_start)) =>
                 {
                     tracing::info!(instance = %self.name, port = self.port, attempt, "port still busy; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                // A Galera joiner whose state transfer failed aborts ("Will never receive
+                // state"); as an operator would, start it again: it asks for a new one.
+                Err(SandboxError::Exited { .. })
+                    if attempt < RESTART_ATTEMPTS
+                        && self.galera.is_some()
+                        && galera::log_says_state_transfer_failed(&self.log_since(log_start)) =>
+                {
+                    tracing::info!(instance = %self.name, attempt, "state transfer failed; starting the node again");
+                    galera::open_for_sst(self.dir())?;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(e) => return Err(e),

@@ -431,7 +431,7 @@ async fn open_stream(
         shared.reject(stream, conn_error(ErrorCode::InvalidRequest, msg)).await;
         return Ok(());
     }
-    let Some(group) = ctx.group_for(request.cluster.as_deref()) else {
+    let Some(write) = ctx.group_for(request.cluster.as_deref()) else {
         ctx.metrics.outcome("bad_request");
         let msg = format!(
             "unknown cluster {:?} (this dispatcher fronts {})",
@@ -441,6 +441,18 @@ async fn open_stream(
         shared.reject(stream, conn_error(ErrorCode::UnknownCluster, msg)).await;
         return Ok(());
     };
+    // Routing (read/write split): a read may go to a replica's read slots.
+    let group = match super::route::route(write, ctx.cluster(request.cluster.as_deref()).map(|c| &**c), &request) {
+        Ok(g) => g,
+        Err(why) => {
+            ctx.metrics.outcome("unavailable");
+            shared
+                .reject(stream, conn_error(ErrorCode::BackendUnavailable, why))
+                .await;
+            return Ok(());
+        }
+    };
+    let group = &group;
     // Interception, before anything is reserved for the request: a blocked statement
     // never reaches the pool. The digest is computed once and travels with the job to END.
     let digest = if ctx.policy.intercept.enabled() {
@@ -564,9 +576,23 @@ async fn submit_after_token(ctx: Arc<Ctx>, group: Arc<Pool>, job: Job, key: Stri
     }
 }
 
-/// Hands the job to the group's wait queue; a refusal answers the stream.
+/// Hands the job to the group's wait queue; a refusal answers the stream. A read group
+/// that stopped serving between the routing and now passes the job to its fallback.
 async fn submit(ctx: &Arc<Ctx>, group: &Arc<Pool>, job: Job) {
-    if let Err((job, e)) = group.submit(job) {
+    let mut result = group.submit(job);
+    let mut group = group.clone();
+    while let Err((job, SubmitError::Unavailable)) = result {
+        let Some(fallback) = group.fallback() else {
+            result = Err((job, SubmitError::Unavailable));
+            break;
+        };
+        if let Some(reads) = ctx.cluster(Some(group.cluster())).and_then(|c| c.reads.as_ref()) {
+            reads.fallen_back("replica_lost");
+        }
+        result = fallback.submit(job);
+        group = fallback;
+    }
+    if let Err((job, e)) = result {
         let (outcome, code, msg) = match e {
             SubmitError::QueueFull => (
                 "queue_full",

@@ -3,5 +3,6 @@
 
 pub mod connection;
 pub mod listen;
+pub mod route;
 pub mod streams;
 pub mod tls;

@@ -87,6 +87,7 @@ pub enum ClusterError {
 
 impl ClusterRuntime {
     /// Starts the follower of `provider` for `pool`; `health` are the members' monitors.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         config: watch::Sender<Arc<ClusterConfig>>,
         pool_config: PoolConfig,

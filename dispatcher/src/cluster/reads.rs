@@ -13,14 +13,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
+use osprey_protocol::GtidPos;
 use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::admin::metrics::{FallbackLabel, MemberLabel, Metrics};
 use crate::cluster::config::{ClusterConfig, ReadFallback};
+use crate::cluster::delay::{DelayView, ProbeStatus};
 use crate::cluster::manager::worker_settings;
-use crate::cluster::replication::gtid::Gtid;
 use crate::cluster::view::{ClusterView, HealthState, Role};
+use crate::cluster::ClusterRuntime;
 use crate::config::Pool as PoolConfig;
 use crate::pool::{Pool, PoolView};
 
@@ -31,6 +36,63 @@ pub struct ReadGate {
     pub delay: BTreeMap<String, Result<(), String>>,
     /// Member → GTID position it had applied at its last measurement.
     pub applied: BTreeMap<String, String>,
+}
+
+impl ReadGate {
+    /// The delay probe's view now (a view no longer updated expires on its own).
+    pub fn from_delay(view: &DelayView) -> ReadGate {
+        let mut gate = ReadGate::default();
+        for r in &view.replicas {
+            let verdict = if view.eligible(&r.name) {
+                Ok(())
+            } else {
+                Err(match (r.status, r.delay_ms) {
+                    (ProbeStatus::Ok, Some(d)) if d > view.threshold_ms => {
+                        format!("delay {d} ms over the {} ms threshold", view.threshold_ms)
+                    }
+                    (ProbeStatus::Ok, _) => "delay unknown (no fresh measurement)".to_owned(),
+                    (ProbeStatus::Init, _) => "no delay measurement yet".to_owned(),
+                    (status, _) => format!(
+                        "delay probe {}: {}",
+                        if status == ProbeStatus::Timeout {
+                            "timed out"
+                        } else {
+                            "failed"
+                        },
+                        r.message.as_deref().unwrap_or("")
+                    ),
+                })
+            };
+            gate.delay.insert(r.name.clone(), verdict);
+            if let Some(a) = &r.gtid_applied {
+                gate.applied.insert(r.name.clone(), a.clone());
+            }
+        }
+        gate
+    }
+}
+
+/// Feeds `rt`'s read side from its delay probe: on every published view, and every
+/// period besides, so that a measurement that stops being fresh takes its replica out
+/// even when the probe publishes nothing new.
+pub async fn follow_delay(rt: Arc<ClusterRuntime>, mut view: watch::Receiver<DelayView>, shutdown: CancellationToken) {
+    let period = Duration::from_millis(view.borrow().period_ms.max(100));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        let gate = ReadGate::from_delay(&view.borrow_and_update());
+        let key = format!("{:?}", (&gate.delay, &gate.applied));
+        if last.as_ref() != Some(&key) {
+            rt.set_read_gate(gate);
+            last = Some(key);
+        }
+        tokio::select! {
+            r = view.changed() => if r.is_err() { return },
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 /// Where a read goes.
@@ -47,7 +109,7 @@ struct Serving {
     member: String,
     pool: Arc<Pool>,
     /// What it is known to have applied (a lower bound: positions only grow).
-    applied: Gtid,
+    applied: GtidPos,
 }
 
 /// `GET /cluster`: one member's read slots.
@@ -119,13 +181,19 @@ impl Reads {
             let replica =
                 view.primary.as_deref() != Some(member.as_str()) && seen.is_some_and(|m| m.role == Role::Replica);
             group.want_size(if replica { replica_size } else { 0 });
+            let down = health.get(member) == Some(&HealthState::Down);
+            if down {
+                // Reads in flight on a dead or cut-off member would hang until
+                // request_timeout: they end now (WORKER_LOST, outcome unknown).
+                group.abandon_member(member);
+            }
             let why = if !replica {
                 Some(match seen.map(|m| m.role) {
                     Some(Role::Primary) => "the primary".to_owned(),
                     Some(role) => format!("not a replica ({})", role_name(role)),
                     None => "not seen yet".to_owned(),
                 })
-            } else if health.get(member) == Some(&HealthState::Down) {
+            } else if down {
                 Some("down".to_owned())
             } else if maintenance.contains(member) {
                 Some("in maintenance".to_owned())
@@ -157,12 +225,15 @@ impl Reads {
                 }
                 None => {
                     self.metrics.reads.eligible.get_or_create(&label).set(1);
-                    let mut applied = seen
-                        .and_then(|m| m.gtid_applied.as_deref())
-                        .map(Gtid::parse)
-                        .unwrap_or_default();
-                    if let Some(a) = gate.and_then(|g| g.applied.get(member)) {
-                        applied = applied.merge(&Gtid::parse(a));
+                    // Two lower bounds of one growing position (the topology provider's
+                    // round and the delay probe's): their merge is one too.
+                    let mut applied = GtidPos::new();
+                    let known = [
+                        seen.and_then(|m| m.gtid_applied.as_deref()),
+                        gate.and_then(|g| g.applied.get(member).map(String::as_str)),
+                    ];
+                    for p in known.into_iter().flatten().filter_map(|t| GtidPos::parse(t).ok()) {
+                        applied.merge(&p);
                     }
                     serving.push(Serving {
                         member: member.clone(),
@@ -182,7 +253,8 @@ impl Reads {
     /// serves at once, else the primary does.
     pub fn pick(&self, causal: Option<&str>) -> ReadChoice {
         let serving = self.serving.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let want = causal.map(Gtid::parse).filter(|g| !g.is_empty());
+        // (REQUEST validation refused a malformed one.)
+        let want = causal.and_then(|c| GtidPos::parse(c).ok()).filter(|g| !g.is_empty());
         let n = serving.len();
         let start = if n > 1 {
             self.turn.fetch_add(1, Ordering::Relaxed) % n
@@ -192,7 +264,7 @@ impl Reads {
         let mut best: Option<(&Serving, usize)> = None;
         for k in 0..n {
             let s = &serving[(start + k) % n];
-            if want.as_ref().is_some_and(|w| !s.applied.covers(w)) {
+            if want.as_ref().is_some_and(|w| !s.applied.dominates(w)) {
                 continue;
             }
             let load = s.pool.outstanding();

@@ -91,23 +91,6 @@ impl Gtid {
     }
 }
 
-/// `domain-server-seq` entries, comma separated, by domain then server.
-impl std::fmt::Display for Gtid {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut first = true;
-        for (d, servers) in &self.domains {
-            for (s, n) in servers {
-                if !first {
-                    f.write_str(",")?;
-                }
-                first = false;
-                write!(f, "{d}-{s}-{n}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,7 +25,7 @@
 mod elect;
 mod facts;
 mod failover;
-pub mod gtid;
+mod gtid;
 mod lock;
 mod provider;
 mod record;

@@ -1,0 +1,38 @@
+//! Which slot group a REQUEST goes to: the cluster's write group, or (read/write split)
+//! a replica's read group. The rules are in docs/ROUTING.md.
+
+use std::sync::Arc;
+
+use osprey_protocol::Request;
+use osprey_sql::route::{classify, Hint, Route};
+
+use crate::cluster::reads::ReadChoice;
+use crate::cluster::ClusterRuntime;
+use crate::pool::Pool;
+
+/// The group for `request` on `cluster`, whose write group is `write`; `Err` carries the
+/// message of a read refused for want of a replica (`read_fallback = "error"`).
+pub fn route(write: &Arc<Pool>, cluster: Option<&ClusterRuntime>, request: &Request) -> Result<Arc<Pool>, String> {
+    let Some(reads) = cluster.and_then(|c| c.reads.as_ref()) else {
+        return Ok(write.clone());
+    };
+    // A batch is a transaction: the primary, whatever its statements are.
+    if request.force_primary || !request.batch.is_empty() {
+        return Ok(write.clone());
+    }
+    let decision = classify(&request.sql);
+    let read = match decision.hint {
+        // The comment hints stand in for the flags; asking for the primary always wins.
+        Some(Hint::Primary) => false,
+        Some(Hint::Replica) => true,
+        None => request.read_only || decision.route == Route::Replica,
+    };
+    if !read {
+        return Ok(write.clone());
+    }
+    match reads.pick(request.causal_gtid.as_deref()) {
+        ReadChoice::Replica(pool) => Ok(pool),
+        ReadChoice::Primary(_) => Ok(write.clone()),
+        ReadChoice::Refuse(why) => Err(why),
+    }
+}

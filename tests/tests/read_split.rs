@@ -1,0 +1,301 @@
+//! The read/write split against real MariaDB replication behind fault proxies: reads on
+//! the replicas' read slots, everything else on the primary; flags and hints; a replica
+//! lost while reads flow (no undispatched error); a failover (reads and writes land on
+//! the right members).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use osprey_client::{Client, Request, RequestExt, Value};
+use osprey_tests::failover_rig::{cluster_view, dispatcher_config, wait_primary, Rig};
+use osprey_tests::harness::{wait_for, Dispatcher};
+
+const SPLIT: &str = r#"
+read_split = true
+[cluster.health]
+interval_ms = 100
+window_ms = 1000
+fail_threshold = 3
+recover_successes = 3
+[cluster.failover]
+cooldown_s = 0
+catchup_timeout_ms = 5000
+lock = "none"
+"#;
+
+/// Member name by `@@server_id`.
+async fn server_ids(rig: &Rig) -> anyhow::Result<BTreeMap<u32, String>> {
+    let mut ids = BTreeMap::new();
+    for name in &rig.names {
+        let mut c = rig.instance(name).conn().await?;
+        let id: Option<u32> = c.query_first("SELECT @@server_id").await?;
+        ids.insert(id.unwrap_or_default(), name.clone());
+    }
+    Ok(ids)
+}
+
+/// The member that ran `request` (which must return `@@server_id` first).
+async fn served_by(client: &Client, ids: &BTreeMap<u32, String>, request: Request) -> anyhow::Result<String> {
+    let r = client.send(request).await?;
+    let row = r.rows().first().ok_or_else(|| anyhow::anyhow!("no row"))?;
+    let id: u32 = row.get(0)?;
+    ids.get(&id)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("unknown server id {id}"))
+}
+
+async fn start(rig: &Rig, extra: &str) -> anyhow::Result<Dispatcher> {
+    let d = Dispatcher::start_with(dispatcher_config(
+        &rig.cluster_toml("main", extra),
+        "[pool]\nreplica_size = 2\n",
+    ))
+    .await?;
+    wait_primary(&d, None, Some("primary"), None, Duration::from_secs(20)).await?;
+    wait_serving(&d, 2).await?;
+    Ok(d)
+}
+
+/// Waits until `n` members serve reads.
+async fn wait_serving(d: &Dispatcher, n: usize) -> anyhow::Result<()> {
+    wait_for(
+        Duration::from_secs(20),
+        &format!("{n} replicas serving reads"),
+        || async {
+            let v = cluster_view(d, None).await.ok()?;
+            let serving = v["read_pools"]
+                .as_array()?
+                .iter()
+                .filter(|p| p["serving"] == true)
+                .count();
+            (serving == n).then_some(())
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_to_the_replicas_and_everything_else_to_the_primary() -> anyhow::Result<()> {
+    let rig = Rig::start(2).await?;
+    let ids = server_ids(&rig).await?;
+    let d = start(&rig, SPLIT).await?;
+    let client = Client::connect(d.client_config()).await?;
+    let mut on: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..60 {
+        *on.entry(served_by(&client, &ids, Request::sql("SELECT @@server_id")).await?)
+            .or_default() += 1;
+    }
+    assert_eq!(
+        on.get("primary"),
+        None,
+        "plain reads must not run on the primary: {on:?}"
+    );
+    assert!(
+        on.contains_key("replica-1") && on.contains_key("replica-2"),
+        "reads spread over both replicas: {on:?}"
+    );
+    // What must stay on the primary.
+    client
+        .execute("CREATE TABLE IF NOT EXISTS split_t (id INT PRIMARY KEY)", &[])
+        .await?;
+    for sql in [
+        "SELECT @@server_id FROM split_t FOR UPDATE",
+        "SELECT @@server_id, GET_LOCK('split', 0)",
+        "/* osprey:primary */ SELECT @@server_id",
+        "SELECT @@server_id; SELECT 1",
+    ] {
+        let who = served_by(&client, &ids, Request::sql(sql)).await;
+        // A locking read on an empty table returns no row: look at the primary's own
+        // answer instead.
+        if sql.contains("FOR UPDATE") {
+            let r = client.query(sql.replace("FROM split_t ", ""), &[]).await?;
+            assert!(!r.rows().is_empty());
+            continue;
+        }
+        assert_eq!(who?, "primary", "{sql}");
+    }
+    assert_eq!(
+        served_by(
+            &client,
+            &ids,
+            Request::sql("SELECT @@server_id").with_force_primary(true)
+        )
+        .await?,
+        "primary"
+    );
+    // A write goes to the primary (a replica is read-only and would refuse it).
+    client.execute("INSERT INTO split_t VALUES (1)", &[]).await?;
+    // The replica hint and the read_only flag send what the classifier would keep on the
+    // primary to a replica (the caller takes responsibility).
+    let hinted = served_by(
+        &client,
+        &ids,
+        Request::sql("/* osprey:replica */ SELECT @@server_id, RELEASE_ALL_LOCKS()"),
+    )
+    .await?;
+    assert_ne!(hinted, "primary");
+    let flagged = served_by(
+        &client,
+        &ids,
+        Request::sql("SELECT @@server_id, RELEASE_ALL_LOCKS()").with_read_only(true),
+    )
+    .await?;
+    assert_ne!(flagged, "primary");
+    let metrics = d.metrics().await?;
+    assert!(metrics.contains("osprey_reads_total{"), "{metrics}");
+    Ok(())
+}
+
+/// Reads run from a few tasks until stopped; records who served and every error.
+struct Readers {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    served: Arc<Mutex<Vec<String>>>,
+    undispatched: Arc<Mutex<Vec<String>>>,
+}
+
+impl Readers {
+    async fn start(d: &Dispatcher, ids: &BTreeMap<u32, String>, n: usize) -> anyhow::Result<Readers> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(Mutex::new(Vec::new()));
+        let undispatched = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let mut config = d.client_config();
+            // The SDK's retries of undispatched requests would hide what the dispatcher did.
+            config.max_retries = 0;
+            let client = Client::connect(config).await?;
+            let (stop, served, undispatched, ids) = (stop.clone(), served.clone(), undispatched.clone(), ids.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    match served_by(&client, &ids, Request::sql("SELECT @@server_id")).await {
+                        Ok(who) => served.lock().unwrap().push(who),
+                        Err(e) => {
+                            // Dispatched errors (a read in flight on a killed replica) are
+                            // outcome-unknown by the protocol; undispatched ones must not be.
+                            let undispatched_error = e
+                                .downcast_ref::<osprey_client::Error>()
+                                .is_some_and(|e| !e.dispatched());
+                            if undispatched_error {
+                                undispatched.lock().unwrap().push(format!("{e:#}"));
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        Ok(Readers {
+            stop,
+            tasks,
+            served,
+            undispatched,
+        })
+    }
+
+    fn count(&self) -> usize {
+        self.served.lock().unwrap().len()
+    }
+
+    /// Waits until `n` more reads succeeded, and returns who served them.
+    async fn next(&self, n: usize, limit: Duration) -> anyhow::Result<Vec<String>> {
+        let from = self.count();
+        wait_for(limit, &format!("{n} more reads"), || async {
+            (self.count() >= from + n).then_some(())
+        })
+        .await?;
+        Ok(self.served.lock().unwrap()[from..].to_vec())
+    }
+
+    async fn stop(self) -> Vec<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.undispatched.lock().unwrap().clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_lost_while_reads_flow_moves_them_on_without_an_undispatched_error() -> anyhow::Result<()> {
+    let rig = Rig::start(2).await?;
+    let ids = server_ids(&rig).await?;
+    let d = start(&rig, SPLIT).await?;
+    let readers = Readers::start(&d, &ids, 4).await?;
+    readers.next(100, Duration::from_secs(20)).await?;
+    rig.instance("replica-1").kill();
+    // It leaves the read pool; reads keep flowing, on the other replica.
+    wait_serving(&d, 1).await?;
+    // (Reads that waited for replica-1's read slots when it left ran on the primary.)
+    readers.next(50, Duration::from_secs(20)).await?;
+    let after = readers.next(100, Duration::from_secs(20)).await?;
+    assert!(
+        after.iter().all(|m| m == "replica-2"),
+        "after replica-1 left, reads run on replica-2 only: {after:?}"
+    );
+    // The last replica blackholed too: reads fall back to the primary.
+    rig.proxy("replica-2")
+        .set_mode(osprey_tests::fault_proxy::Mode::Blackhole);
+    wait_serving(&d, 0).await?;
+    readers.next(20, Duration::from_secs(20)).await?;
+    let last = readers.next(50, Duration::from_secs(20)).await?;
+    assert!(last.iter().all(|m| m == "primary"), "{last:?}");
+    let stopping = std::time::Instant::now();
+    let undispatched = readers.stop().await;
+    // Nothing hangs on the cut-off replica: its in-flight reads were abandoned.
+    assert!(stopping.elapsed() < Duration::from_secs(10), "{:?}", stopping.elapsed());
+    assert!(undispatched.is_empty(), "{undispatched:?}");
+    let metrics = d.metrics().await?;
+    assert!(metrics.contains("osprey_read_fallbacks_total{"), "{metrics}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_reads_and_writes_land_on_the_right_members() -> anyhow::Result<()> {
+    let rig = Rig::start(2).await?;
+    let ids = server_ids(&rig).await?;
+    let d = start(&rig, SPLIT).await?;
+    let client = Client::connect(d.client_config()).await?;
+    client
+        .execute("CREATE TABLE IF NOT EXISTS split_f (id INT PRIMARY KEY)", &[])
+        .await?;
+    rig.instance("primary").kill();
+    let new = wait_primary(&d, None, None, Some("primary"), Duration::from_secs(20)).await?;
+    let other = if new == "replica-1" { "replica-2" } else { "replica-1" };
+    // The promoted member's read slots are gone; the other replica keeps reading.
+    wait_for(Duration::from_secs(20), "read pools follow the failover", || async {
+        let v = cluster_view(&d, None).await.ok()?;
+        let pools = v["read_pools"].as_array()?;
+        let serving = |m: &str| pools.iter().find(|p| p["member"] == m).map(|p| p["serving"] == true);
+        (serving(&new) == Some(false) && serving(other) == Some(true)).then_some(())
+    })
+    .await?;
+    for i in 0..20 {
+        client
+            .execute("INSERT INTO split_f VALUES (?)", &[Value::Int(i)])
+            .await?;
+        assert_eq!(
+            served_by(&client, &ids, Request::sql("SELECT @@server_id")).await?,
+            other
+        );
+        assert_eq!(
+            served_by(
+                &client,
+                &ids,
+                Request::sql("SELECT @@server_id").with_force_primary(true)
+            )
+            .await?,
+            new
+        );
+    }
+    let v = cluster_view(&d, None).await?;
+    let new_pool = v["read_pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["member"] == new.as_str())
+        .cloned();
+    assert_eq!(new_pool.map(|p| p["size"].clone()), Some(serde_json::json!(0)), "{v}");
+    Ok(())
+}
