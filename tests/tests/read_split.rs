@@ -299,3 +299,161 @@ async fn after_a_failover_reads_and_writes_land_on_the_right_members() -> anyhow
     assert_eq!(new_pool.map(|p| p["size"].clone()), Some(serde_json::json!(0)), "{v}");
     Ok(())
 }
+
+/// Both replicas apply a second behind (`MASTER_DELAY = 1`).
+async fn lag_by_design(rig: &Rig) -> anyhow::Result<()> {
+    for r in ["replica-1", "replica-2"] {
+        let mut c = rig.instance(r).admin_conn().await?;
+        c.query_drop("STOP SLAVE").await?;
+        c.query_drop("CHANGE MASTER TO MASTER_DELAY = 1").await?;
+        c.query_drop("START SLAVE").await?;
+    }
+    Ok(())
+}
+
+/// Inserts then reads its own row at once, `n` times; returns (stale reads, reads served
+/// by a replica).
+async fn insert_then_read(
+    client: &Client,
+    ids: &BTreeMap<u32, String>,
+    table: &str,
+    n: i64,
+) -> anyhow::Result<(usize, usize)> {
+    let (mut stale, mut on_replica) = (0, 0);
+    for i in 0..n {
+        client
+            .execute(format!("INSERT INTO {table} VALUES (?)"), &[Value::Int(i)])
+            .await?;
+        let r = client
+            .query(
+                format!("SELECT @@server_id, COUNT(*) FROM {table} WHERE id = ?"),
+                &[Value::Int(i)],
+            )
+            .await?;
+        let row = &r.rows()[0];
+        let (server, count): (u32, i64) = (row.get(0)?, row.get(1)?);
+        stale += usize::from(count != 1);
+        on_replica += usize::from(ids.get(&server).is_some_and(|m| m != "primary"));
+    }
+    Ok((stale, on_replica))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_your_writes_never_reads_a_stale_row_from_a_lagging_replica() -> anyhow::Result<()> {
+    let rig = Rig::start(2).await?;
+    let ids = server_ids(&rig).await?;
+    let d = start(&rig, SPLIT).await?;
+    lag_by_design(&rig).await?;
+    let mut config = d.client_config();
+    config.read_your_writes = true;
+    let ryw = Client::connect(config).await?;
+    let plain = Client::connect(d.client_config()).await?;
+    ryw.execute("CREATE TABLE ryw_on (id BIGINT PRIMARY KEY)", &[]).await?;
+    ryw.execute("CREATE TABLE ryw_off (id BIGINT PRIMARY KEY)", &[]).await?;
+    // Wait for the tables to reach the replicas (a second late).
+    wait_for(Duration::from_secs(20), "tables on the replicas", || async {
+        for r in ["replica-1", "replica-2"] {
+            let mut c = rig.instance(r).conn().await.ok()?;
+            let n: Option<i64> = c
+                .query_first("SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'ryw_off'")
+                .await
+                .ok()?;
+            (n == Some(1)).then_some(())?;
+        }
+        Some(())
+    })
+    .await?;
+    let (stale, _) = insert_then_read(&ryw, &ids, "ryw_on", 1000).await?;
+    assert_eq!(stale, 0, "read_your_writes on: no read may miss its own write");
+    let (stale_off, on_replica_off) = insert_then_read(&plain, &ids, "ryw_off", 200).await?;
+    println!("read_your_writes off: {stale_off} of 200 reads stale, {on_replica_off} on a replica");
+    assert!(
+        stale_off > 0,
+        "with the option off the lag must show (else this test sees nothing)"
+    );
+
+    // A replica that has the write serves a causal read at once, without waiting: once
+    // the replicas' applied positions (as the dispatcher knows them) cover the client's.
+    let want = ryw.last_gtid(None).expect("a position after writes");
+    wait_for(
+        Duration::from_secs(20),
+        "replicas known to have applied the writes",
+        || async {
+            let v = cluster_view(&d, None).await.ok()?;
+            let pools = v["read_pools"].as_array()?.clone();
+            pools
+                .iter()
+                .filter(|p| p["serving"] == true)
+                .any(|p| {
+                    p["applied"]
+                        .as_str()
+                        .and_then(|a| osprey_client::GtidPos::parse(a).ok())
+                        .is_some_and(|a| a.dominates(&want))
+                })
+                .then_some(())
+        },
+    )
+    .await?;
+    let who = served_by(&ryw, &ids, Request::sql("SELECT @@server_id")).await?;
+    assert_ne!(who, "primary", "a caught-up replica serves the causal read");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_leaves_the_read_pool_and_rejoins() -> anyhow::Result<()> {
+    use osprey_tests::failover_rig::Writer;
+    const DELAY: &str = r#"
+delay_period_ms = 200
+delay_threshold_ms = 1000
+delay_database = "osprey_hb"
+"#;
+    let rig = Rig::start(2).await?;
+    let ids = server_ids(&rig).await?;
+    let d = start(&rig, &format!("{DELAY}{SPLIT}")).await?;
+    let writer = Writer::start(d.client_config(), None).await?;
+    writer.wait_progress(20, Duration::from_secs(20)).await?;
+    let mut c = rig.instance("replica-1").admin_conn().await?;
+    c.query_drop("STOP SLAVE SQL_THREAD").await?;
+    let stopped = std::time::Instant::now();
+    wait_for(
+        Duration::from_secs(20),
+        "replica-1 out of the read pool for delay",
+        || async {
+            let v = cluster_view(&d, None).await.ok()?;
+            let p = v["read_pools"]
+                .as_array()?
+                .iter()
+                .find(|p| p["member"] == "replica-1")?
+                .clone();
+            (p["serving"] == false && p["reason"].as_str().is_some_and(|r| r.contains("delay"))).then_some(())
+        },
+    )
+    .await?;
+    let left = stopped.elapsed();
+    println!(
+        "replica-1 left the read pool {left:?} after its SQL thread stopped (threshold 1000 ms + 2 x 200 ms period)"
+    );
+    let client = Client::connect(d.client_config()).await?;
+    for _ in 0..30 {
+        assert_eq!(
+            served_by(&client, &ids, Request::sql("SELECT @@server_id")).await?,
+            "replica-2"
+        );
+    }
+    c.query_drop("START SLAVE SQL_THREAD").await?;
+    let started = std::time::Instant::now();
+    wait_serving(&d, 2).await?;
+    println!(
+        "replica-1 rejoined {:?} after START SLAVE SQL_THREAD",
+        started.elapsed()
+    );
+    let report = writer.stop().await?;
+    assert!(
+        report.undispatched_errors.is_empty(),
+        "{:?}",
+        report.undispatched_errors
+    );
+    let delay = d.admin_get("/delay").await?;
+    assert!(delay.to_string().contains("replica-1"), "{delay}");
+    Ok(())
+}
