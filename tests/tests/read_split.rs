@@ -296,7 +296,11 @@ async fn after_a_failover_reads_and_writes_land_on_the_right_members() -> anyhow
         .iter()
         .find(|p| p["member"] == new.as_str())
         .cloned();
-    assert_eq!(new_pool.map(|p| p["size"].clone()), Some(serde_json::json!(0)), "{v}");
+    assert_eq!(
+        new_pool.map(|p| p["slots"]["size"].clone()),
+        Some(serde_json::json!(0)),
+        "{v}"
+    );
     Ok(())
 }
 

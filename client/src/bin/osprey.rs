@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
 use osprey_client::local::{runtime_dir, Credentials};
-use osprey_client::{display_value, Client, ClientConfig, Error, QueryResult, TlsConfig, Value};
+use osprey_client::{display_value, Client, ClientConfig, Error, QueryResult, Request, RequestExt, TlsConfig, Value};
 use serde::Deserialize;
 
 #[derive(Parser, Debug)]
@@ -72,6 +72,9 @@ enum Cmd {
         /// Client-side timeout in seconds.
         #[arg(long)]
         timeout: Option<f64>,
+        /// Run on the primary whatever the read/write split says (`force_primary`).
+        #[arg(long)]
+        primary: bool,
     },
     /// Show the dispatcher's pool and slots.
     Status {
@@ -235,6 +238,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             ref params,
             timeout,
+            primary,
         } => {
             let token = match cli.token.clone() {
                 Some(t) => t,
@@ -253,7 +257,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let result = rt.block_on(async move {
                 let client = Client::connect(cfg).await?;
-                client.query(sql.as_str(), &params).await
+                let request = Request::sql(sql.as_str())
+                    .with_params(params)
+                    .with_force_primary(primary);
+                client.send(request).await
             });
             match result {
                 Ok(r) => {
@@ -623,6 +630,22 @@ fn render_clusters(v: &serde_json::Value) -> String {
                 .map(|h| format!(" | holding: {h}"))
                 .unwrap_or_default(),
         ));
+        for rp in c["read_pools"].as_array().into_iter().flatten() {
+            let state = match rp["reason"].as_str() {
+                _ if rp["serving"] == true => "serving".to_owned(),
+                Some(why) => format!("not serving: {why}"),
+                None => "not serving".to_owned(),
+            };
+            out.push_str(&format!(
+                "read slots: member {} | {} | size {} idle {} busy {} | queue {}\n",
+                s(&rp["member"]),
+                state,
+                s(&rp["slots"]["size"]),
+                s(&rp["slots"]["idle"]),
+                s(&rp["slots"]["busy"]),
+                s(&rp["slots"]["queue_depth"]),
+            ));
+        }
         let header: Vec<String> = [
             "member",
             "addr",

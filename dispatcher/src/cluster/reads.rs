@@ -120,8 +120,8 @@ pub struct ReadPoolReport {
     /// Why it does not serve reads, if it does not.
     pub reason: Option<String>,
     pub applied: Option<String>,
-    #[serde(flatten)]
-    pub pool: PoolView,
+    /// The read slots themselves.
+    pub slots: PoolView,
 }
 
 pub struct Reads {
@@ -335,7 +335,7 @@ impl Reads {
                     serving: s.is_some(),
                     reason: reasons.get(member).cloned(),
                     applied: s.filter(|s| !s.applied.is_empty()).map(|s| s.applied.to_string()),
-                    pool: g.view().0,
+                    slots: g.view().0,
                 }
             })
             .collect()
