@@ -554,6 +554,10 @@ impl Config {
         if self.pool.size == 0 && self.pool.min.is_none() {
             return bad("pool.size must be at least 1");
         }
+        let split = (self.backend.is_none() && self.clusters.is_empty()) || self.clusters.iter().any(|c| c.read_split);
+        if split && !(1..=4096).contains(&self.replica_size()) {
+            return bad("pool.replica_size (default pool.size) must be between 1 and 4096 with read_split on");
+        }
         match (self.pool.min, self.pool.max) {
             (Some(min), Some(max)) if min == 0 || min > max => return bad("pool.min must be >= 1 and <= pool.max"),
             (Some(_), None) | (None, Some(_)) => return bad("pool.min and pool.max go together"),
@@ -700,6 +704,10 @@ impl Config {
     /// The most read slots at once: every member but one primary of each cluster with
     /// `read_split` is a replica.
     pub fn max_read_slots(&self) -> usize {
+        if self.backend.is_none() && self.clusters.is_empty() {
+            // The embedded default: a sandbox primary and two replicas, split on.
+            return 2 * self.replica_size();
+        }
         self.clusters
             .iter()
             .filter(|c| c.read_split)

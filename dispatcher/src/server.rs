@@ -397,6 +397,9 @@ fn reload(
             if new.pool.min.is_some() != ctx.config.pool.min.is_some() {
                 warn!("SIGHUP: switching between fixed and elastic pool needs a restart");
             }
+            if new.replica_size() != ctx.config.replica_size() {
+                warn!("SIGHUP: pool.replica_size needs a restart; the read slots keep their size");
+            }
             if size != *file_size && size != ctx.pool.target_size() {
                 info!(size, "SIGHUP: resizing pool");
                 supervisor.resize(size);

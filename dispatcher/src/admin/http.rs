@@ -274,8 +274,9 @@ async fn resize(State(state): State<AdminState>, Json(body): Json<Resize>) -> Re
     if state.ctx.draining.is_cancelled() {
         return (StatusCode::CONFLICT, "the dispatcher is draining\n").into_response();
     }
-    // Every cluster's write slots take the new size.
-    if let Err(e) = state.fds.fits(&state.ctx.config, body.size * state.ctx.groups.len()) {
+    // Every cluster's write slots take the new size; the read slots stay as they are.
+    let slots = body.size * state.ctx.config.slot_groups() + state.ctx.config.max_read_slots();
+    if let Err(e) = state.fds.fits(&state.ctx.config, slots) {
         return (StatusCode::CONFLICT, format!("pool size {} refused: {e}\n", body.size)).into_response();
     }
     state.supervisor.resize(body.size);

@@ -126,6 +126,16 @@ pub struct ReadMetrics {
     pub fallbacks: Family<FallbackLabel, Counter>,
     /// 1 while the member's read slots serve reads, 0 while they do not.
     pub eligible: Family<MemberLabel, Gauge>,
+    /// The classifier's decisions, by route and reason (`osprey_sql::route::REASONS`).
+    pub decisions: Family<RouteLabel, Counter>,
+}
+
+/// One classifier decision: `route` is `replica` or `primary`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub cluster: String,
+    pub route: &'static str,
+    pub why: &'static str,
 }
 
 fn register_read_metrics(registry: &mut Registry) -> ReadMetrics {
@@ -143,10 +153,17 @@ fn register_read_metrics(registry: &mut Registry) -> ReadMetrics {
         "1 while the member's read slots serve reads (replica, up, not lagging, not in maintenance)",
         eligible.clone(),
     );
+    let decisions = Family::<RouteLabel, Counter>::default();
+    registry.register(
+        "route_decisions",
+        "Read/write split: the classifier's decisions by route (replica, primary) and reason",
+        decisions.clone(),
+    );
     ReadMetrics {
         by_member,
         fallbacks,
         eligible,
+        decisions,
     }
 }
 

@@ -18,15 +18,25 @@ pub fn route(write: &Arc<Pool>, cluster: Option<&ClusterRuntime>, request: &Requ
     };
     // A batch is a transaction: the primary, whatever its statements are.
     if request.force_primary || !request.batch.is_empty() {
+        reads.decided(
+            false,
+            if request.force_primary {
+                "force_primary"
+            } else {
+                "batch"
+            },
+        );
         return Ok(write.clone());
     }
     let decision = classify(&request.sql);
-    let read = match decision.hint {
+    let (read, why) = match decision.hint {
         // The comment hints stand in for the flags; asking for the primary always wins.
-        Some(Hint::Primary) => false,
-        Some(Hint::Replica) => true,
-        None => request.read_only || decision.route == Route::Replica,
+        Some(Hint::Primary) => (false, decision.why),
+        Some(Hint::Replica) => (true, decision.why),
+        None if request.read_only && decision.route == Route::Primary => (true, "read_only"),
+        None => (decision.route == Route::Replica, decision.why),
     };
+    reads.decided(read, why);
     if !read {
         return Ok(write.clone());
     }

@@ -20,7 +20,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::metrics::{FallbackLabel, MemberLabel, Metrics};
+use crate::admin::metrics::{FallbackLabel, MemberLabel, Metrics, RouteLabel};
 use crate::cluster::config::{ClusterConfig, ReadFallback};
 use crate::cluster::delay::{DelayView, ProbeStatus};
 use crate::cluster::manager::worker_settings;
@@ -88,11 +88,18 @@ pub async fn follow_delay(rt: Arc<ClusterRuntime>, mut view: watch::Receiver<Del
             last = Some(key);
         }
         tokio::select! {
-            r = view.changed() => if r.is_err() { return },
+            r = view.changed() => if r.is_err() { break },
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
     }
+    // The probe is gone (it cannot be, short of a bug): no verdict stays "ok" forever.
+    let mut gate = ReadGate::default();
+    for r in &view.borrow().replicas {
+        gate.delay
+            .insert(r.name.clone(), Err("the delay probe stopped".to_owned()));
+    }
+    rt.set_read_gate(gate);
 }
 
 /// Where a read goes.
@@ -178,23 +185,29 @@ impl Reads {
         let mut reasons = BTreeMap::new();
         for (member, group) in &self.groups {
             let seen = view.members.iter().find(|m| &m.name == member);
-            let replica =
-                view.primary.as_deref() != Some(member.as_str()) && seen.is_some_and(|m| m.role == Role::Replica);
-            group.want_size(if replica { replica_size } else { 0 });
+            let role = seen.map(|m| m.role).unwrap_or_default();
+            let primary = view.primary.as_deref() == Some(member.as_str()) || role == Role::Primary;
+            let replica = !primary && role == Role::Replica;
+            // Read slots stay through a replica's short spells as unknown (unreachable)
+            // or detached (re-pointed during a failover): warm sessions serve again at
+            // once. The primary and a fenced former primary have none.
+            let keep = !primary && role != Role::Fenced;
+            group.want_size(if keep { replica_size } else { 0 });
             let down = health.get(member) == Some(&HealthState::Down);
             if down {
                 // Reads in flight on a dead or cut-off member would hang until
                 // request_timeout: they end now (WORKER_LOST, outcome unknown).
                 group.abandon_member(member);
             }
-            let why = if !replica {
-                Some(match seen.map(|m| m.role) {
-                    Some(Role::Primary) => "the primary".to_owned(),
-                    Some(role) => format!("not a replica ({})", role_name(role)),
-                    None => "not seen yet".to_owned(),
-                })
+            let why = if primary {
+                Some("the primary".to_owned())
             } else if down {
                 Some("down".to_owned())
+            } else if !replica {
+                Some(match seen {
+                    Some(_) => format!("not a replica ({})", role_name(role)),
+                    None => "not seen yet".to_owned(),
+                })
             } else if maintenance.contains(member) {
                 Some("in maintenance".to_owned())
             } else {
@@ -208,7 +221,7 @@ impl Reads {
             let cfg = config.member(member);
             // Warm sessions on every replica, serving or not: one that comes back under
             // the delay threshold serves at once.
-            if let (true, Some(m)) = (replica, cfg) {
+            if let (true, Some(m)) = (keep, cfg) {
                 if why.is_none() || group.target_member().as_deref() != Some(member.as_str()) {
                     group.set_target(member, worker_settings(config, m, pool_config));
                 }
@@ -267,7 +280,9 @@ impl Reads {
             if want.as_ref().is_some_and(|w| !s.applied.dominates(w)) {
                 continue;
             }
-            let load = s.pool.outstanding();
+            // No registered worker yet (just became a replica, its sessions fail):
+            // another replica, or the primary, serves instead of a wait.
+            let Some(load) = s.pool.outstanding() else { continue };
             if best.is_none_or(|(_, b)| load < b) {
                 best = Some((s, load));
             }
@@ -294,6 +309,20 @@ impl Reads {
                 self.reasons_text()
             )),
         }
+    }
+
+    /// Counts one routing decision (`why`: the classifier's reason, or `force_primary`,
+    /// `batch`, `read_only`).
+    pub fn decided(&self, replica: bool, why: &'static str) {
+        self.metrics
+            .reads
+            .decisions
+            .get_or_create(&RouteLabel {
+                cluster: self.cluster.clone(),
+                route: if replica { "replica" } else { "primary" },
+                why,
+            })
+            .inc();
     }
 
     /// Counts a read that went to the primary (or was refused) for want of a replica.

@@ -332,10 +332,16 @@ impl Pool {
         self.wanted_size.subscribe()
     }
 
-    /// Requests running or waiting here: what "least outstanding" compares.
-    pub fn outstanding(&self) -> usize {
-        let waiting = self.lock().queue.len();
-        waiting + *self.busy_tx.borrow()
+    /// Requests running or waiting here (what "least outstanding" compares), or `None`
+    /// while no worker is registered (none idle or busy): a group that cannot serve now,
+    /// whatever its member's health says.
+    pub fn outstanding(&self) -> Option<usize> {
+        let g = self.lock();
+        let busy = *self.busy_tx.borrow();
+        if busy == 0 && g.idle.is_empty() {
+            return None;
+        }
+        Some(g.queue.len() + busy)
     }
 
     /// Whether slot id `index` belongs to this group.
