@@ -19,6 +19,20 @@ use serde_json::Value as Json;
 use crate::fault_proxy::FaultProxy;
 use crate::harness::{free_addr, wait_for, Dispatcher};
 
+/// Fast probes for `[[cluster]]`, so that the suite stays quick: a dead primary is seen in
+/// ~0.3 s, and nothing holds a failover back (no cooldown, no lock).
+pub const FAST: &str = r#"
+[cluster.health]
+interval_ms = 100
+window_ms = 1000
+fail_threshold = 3
+recover_successes = 3
+[cluster.failover]
+cooldown_s = 0
+catchup_timeout_ms = 5000
+lock = "none"
+"#;
+
 /// The sandbox, one proxy per instance (primary first), and the member names.
 pub struct Rig {
     pub sandbox: Sandbox,

@@ -10,23 +10,12 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use osprey_client::ErrorCode;
-use osprey_tests::failover_rig::{assert_no_lost_writes, cluster_view, dispatcher_config, wait_primary, Rig, Writer};
+use osprey_tests::failover_rig::{
+    assert_no_lost_writes, cluster_view, dispatcher_config, wait_primary, Rig, Writer, FAST,
+};
 use osprey_tests::fault_proxy::Mode;
 use osprey_tests::harness::{wait_for, Dispatcher};
 use serde_json::Value as Json;
-
-/// Fast probes, so that the suite stays quick: a dead primary is seen in ~0.3 s.
-const FAST: &str = r#"
-[cluster.health]
-interval_ms = 100
-window_ms = 1000
-fail_threshold = 3
-recover_successes = 3
-[cluster.failover]
-cooldown_s = 0
-catchup_timeout_ms = 5000
-lock = "none"
-"#;
 
 async fn start(rig: &Rig, extra: &str) -> anyhow::Result<Dispatcher> {
     let d = Dispatcher::start_with(dispatcher_config(&rig.cluster_toml("main", extra), "")).await?;

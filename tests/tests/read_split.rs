@@ -10,21 +10,13 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use osprey_client::{Client, Request, RequestExt, Value};
-use osprey_tests::failover_rig::{cluster_view, dispatcher_config, wait_primary, Rig};
+use osprey_tests::failover_rig::{cluster_view, dispatcher_config, wait_primary, Rig, FAST};
 use osprey_tests::harness::{wait_for, Dispatcher};
 
-const SPLIT: &str = r#"
-read_split = true
-[cluster.health]
-interval_ms = 100
-window_ms = 1000
-fail_threshold = 3
-recover_successes = 3
-[cluster.failover]
-cooldown_s = 0
-catchup_timeout_ms = 5000
-lock = "none"
-"#;
+/// The split on, with the failover tests' fast probes.
+fn split() -> String {
+    format!("read_split = true\n{FAST}")
+}
 
 /// Member name by `@@server_id`.
 async fn server_ids(rig: &Rig) -> anyhow::Result<BTreeMap<u32, String>> {
@@ -80,7 +72,7 @@ async fn wait_serving(d: &Dispatcher, n: usize) -> anyhow::Result<()> {
 async fn reads_go_to_the_replicas_and_everything_else_to_the_primary() -> anyhow::Result<()> {
     let rig = Rig::start(2).await?;
     let ids = server_ids(&rig).await?;
-    let d = start(&rig, SPLIT).await?;
+    let d = start(&rig, &split()).await?;
     let client = Client::connect(d.client_config()).await?;
     let mut on: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..60 {
@@ -221,7 +213,7 @@ impl Readers {
 async fn a_replica_lost_while_reads_flow_moves_them_on_without_an_undispatched_error() -> anyhow::Result<()> {
     let rig = Rig::start(2).await?;
     let ids = server_ids(&rig).await?;
-    let d = start(&rig, SPLIT).await?;
+    let d = start(&rig, &split()).await?;
     let readers = Readers::start(&d, &ids, 4).await?;
     readers.next(100, Duration::from_secs(20)).await?;
     rig.instance("replica-1").kill();
@@ -255,7 +247,7 @@ async fn a_replica_lost_while_reads_flow_moves_them_on_without_an_undispatched_e
 async fn after_a_failover_reads_and_writes_land_on_the_right_members() -> anyhow::Result<()> {
     let rig = Rig::start(2).await?;
     let ids = server_ids(&rig).await?;
-    let d = start(&rig, SPLIT).await?;
+    let d = start(&rig, &split()).await?;
     let client = Client::connect(d.client_config()).await?;
     client
         .execute("CREATE TABLE IF NOT EXISTS split_f (id INT PRIMARY KEY)", &[])
@@ -346,7 +338,7 @@ async fn insert_then_read(
 async fn read_your_writes_never_reads_a_stale_row_from_a_lagging_replica() -> anyhow::Result<()> {
     let rig = Rig::start(2).await?;
     let ids = server_ids(&rig).await?;
-    let d = start(&rig, SPLIT).await?;
+    let d = start(&rig, &split()).await?;
     lag_by_design(&rig).await?;
     let mut config = d.client_config();
     config.read_your_writes = true;
@@ -413,7 +405,7 @@ delay_database = "osprey_hb"
 "#;
     let rig = Rig::start(2).await?;
     let ids = server_ids(&rig).await?;
-    let d = start(&rig, &format!("{DELAY}{SPLIT}")).await?;
+    let d = start(&rig, &format!("{DELAY}{}", split())).await?;
     let writer = Writer::start(d.client_config(), None).await?;
     writer.wait_progress(20, Duration::from_secs(20)).await?;
     let mut c = rig.instance("replica-1").admin_conn().await?;

@@ -205,7 +205,7 @@ impl Reads {
                 Some("down".to_owned())
             } else if !replica {
                 Some(match seen {
-                    Some(_) => format!("not a replica ({})", role_name(role)),
+                    Some(_) => format!("not a replica ({})", role.name()),
                     None => "not seen yet".to_owned(),
                 })
             } else if maintenance.contains(member) {
@@ -368,15 +368,5 @@ impl Reads {
                 }
             })
             .collect()
-    }
-}
-
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Unknown => "unknown",
-        Role::Primary => "primary",
-        Role::Replica => "replica",
-        Role::Fenced => "fenced",
-        Role::Detached => "detached",
     }
 }

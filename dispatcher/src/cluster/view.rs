@@ -84,6 +84,19 @@ pub enum Role {
     Detached,
 }
 
+impl Role {
+    /// As shown in the admin API and metrics labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Unknown => "unknown",
+            Role::Primary => "primary",
+            Role::Replica => "replica",
+            Role::Fenced => "fenced",
+            Role::Detached => "detached",
+        }
+    }
+}
+
 /// Semi-synchronous replication on the primary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

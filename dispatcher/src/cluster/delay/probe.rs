@@ -225,7 +225,7 @@ impl Probe {
                 } else if role == Role::Replica {
                     Job::Read { acked }
                 } else {
-                    Job::Idle(format!("not probed: role {}", role_name(role)))
+                    Job::Idle(format!("not probed: role {}", role.name()))
                 }
             })
             .collect();
@@ -602,16 +602,6 @@ fn label(view: &watch::Sender<DelayView>, member: &str) -> MemberLabel {
     MemberLabel {
         cluster: view.borrow().cluster.clone(),
         member: member.to_owned(),
-    }
-}
-
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Unknown => "unknown",
-        Role::Primary => "primary",
-        Role::Replica => "replica",
-        Role::Fenced => "fenced",
-        Role::Detached => "detached",
     }
 }
 

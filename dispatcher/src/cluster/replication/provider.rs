@@ -376,7 +376,7 @@ impl Provider {
                         member: mv.name.clone(),
                         role: r.to_owned(),
                     })
-                    .set(i64::from(role_name(mv.role) == r));
+                    .set(i64::from(mv.role.name() == r));
             }
         }
         if let Some(ss) = self.semi_sync {
@@ -423,16 +423,6 @@ pub(super) fn semi_sync_of(f: &MemberFacts) -> SemiSync {
         (false, _) => SemiSync::Off,
         (true, true) => SemiSync::On,
         (true, false) => SemiSync::FellBack,
-    }
-}
-
-fn role_name(r: Role) -> &'static str {
-    match r {
-        Role::Primary => "primary",
-        Role::Replica => "replica",
-        Role::Fenced => "fenced",
-        Role::Detached => "detached",
-        Role::Unknown => "unknown",
     }
 }
 
