@@ -327,10 +327,22 @@ pub fn start(config: &Config) -> anyhow::Result<FdBudget> {
 mod tests {
     use super::*;
 
+    /// A config with one `[backend]` (write slots only) and `toml`.
     fn config(toml: &str) -> Config {
-        let c: Config = toml::from_str(toml).unwrap();
+        let c: Config = toml::from_str(&format!("{toml}\n[backend]\nhost = \"127.0.0.1\"\nuser = \"app\"\n")).unwrap();
         c.validate().unwrap();
         c
+    }
+
+    /// The embedded default (a sandbox primary and two replicas, read/write split on)
+    /// reserves for its read slots too: `replica_size` (default `size`) on each replica.
+    #[test]
+    fn the_embedded_defaults_read_slots_are_in_the_reserve() {
+        let c: Config = toml::from_str("[pool]\nsize = 100\n").unwrap();
+        c.validate().unwrap();
+        assert_eq!(FdBudget::plan(&c, 20_000).unwrap().reserve, 64 + 64 + 8 * (100 + 2 * 100));
+        let c: Config = toml::from_str("[pool]\nsize = 100\nreplica_size = 10\n").unwrap();
+        assert_eq!(FdBudget::plan(&c, 20_000).unwrap().reserve, 64 + 64 + 8 * (100 + 2 * 10));
     }
 
     #[test]
