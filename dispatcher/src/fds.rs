@@ -340,9 +340,15 @@ mod tests {
     fn the_embedded_defaults_read_slots_are_in_the_reserve() {
         let c: Config = toml::from_str("[pool]\nsize = 100\n").unwrap();
         c.validate().unwrap();
-        assert_eq!(FdBudget::plan(&c, 20_000).unwrap().reserve, 64 + 64 + 8 * (100 + 2 * 100));
+        assert_eq!(
+            FdBudget::plan(&c, 20_000).unwrap().reserve,
+            64 + 64 + 8 * (100 + 2 * 100)
+        );
         let c: Config = toml::from_str("[pool]\nsize = 100\nreplica_size = 10\n").unwrap();
-        assert_eq!(FdBudget::plan(&c, 20_000).unwrap().reserve, 64 + 64 + 8 * (100 + 2 * 10));
+        assert_eq!(
+            FdBudget::plan(&c, 20_000).unwrap().reserve,
+            64 + 64 + 8 * (100 + 2 * 10)
+        );
     }
 
     #[test]
