@@ -693,7 +693,10 @@ impl Config {
     /// The most slots this config can run at once (fixed size, or the elastic maximum,
     /// for each cluster's write slots): what the file-descriptor reserve is sized for.
     pub fn max_pool_size(&self) -> usize {
-        self.initial_pool_size().max(self.pool.max.unwrap_or(0)) * self.slot_groups() + self.max_read_slots()
+        self.initial_pool_size()
+            .max(self.pool.max.unwrap_or(0))
+            .saturating_mul(self.slot_groups())
+            .saturating_add(self.max_read_slots())
     }
 
     /// Read slots per replica (`pool.replica_size`, default `pool.size`).
@@ -706,13 +709,13 @@ impl Config {
     pub fn max_read_slots(&self) -> usize {
         if self.backend.is_none() && self.clusters.is_empty() {
             // The embedded default: a sandbox primary and two replicas, split on.
-            return 2 * self.replica_size();
+            return self.replica_size().saturating_mul(2);
         }
         self.clusters
             .iter()
             .filter(|c| c.read_split)
-            .map(|c| c.members.len().saturating_sub(1) * self.replica_size())
-            .sum()
+            .map(|c| c.members.len().saturating_sub(1).saturating_mul(self.replica_size()))
+            .fold(0, usize::saturating_add)
     }
 
     /// Slot groups the dispatcher runs: one per cluster (`[backend]` and the embedded

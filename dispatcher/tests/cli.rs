@@ -46,9 +46,11 @@ fn check_config_rejects_unknown_keys_and_bad_values() {
         // A pool so large that its reserve overflows usize: refused, not a panic (debug)
         // or a wrapped, tiny reserve (release).
         (
-            "[pool]\nsize = 9223372036854775807\n",
+            "[pool]\nsize = 9223372036854775807\nreplica_size = 1\n",
             "below the dispatcher's own reserve",
         ),
+        // The embedded default splits reads: its read slots take replica_size (default size).
+        ("[pool]\nsize = 9223372036854775807\n", "pool.replica_size"),
     ] {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, text).unwrap();

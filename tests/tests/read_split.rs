@@ -57,11 +57,12 @@ async fn wait_serving(d: &Dispatcher, n: usize) -> anyhow::Result<()> {
         &format!("{n} replicas serving reads"),
         || async {
             let v = cluster_view(d, None).await.ok()?;
-            let serving = v["read_pools"]
-                .as_array()?
-                .iter()
-                .filter(|p| p["serving"] == true)
-                .count();
+            // Serving, with a worker registered (routing skips a group without one).
+            let ready = |p: &&serde_json::Value| {
+                let workers = p["slots"]["idle"].as_u64().unwrap_or(0) + p["slots"]["busy"].as_u64().unwrap_or(0);
+                p["serving"] == true && workers > 0
+            };
+            let serving = v["read_pools"].as_array()?.iter().filter(ready).count();
             (serving == n).then_some(())
         },
     )
