@@ -159,6 +159,31 @@ pub fn spec_shape_ok(r: &Request) -> bool {
         && !(has_sql && blank(&r.sql))
         && r.batch.iter().all(|s| !blank(&s.sql))
         && (!has_batch || r.params.is_empty())
+        && r.causal_gtid.as_deref().is_none_or(spec_gtid_ok)
+}
+
+/// `causal_gtid` as section 5 describes it: blank (no constraint), or at most 64
+/// comma-separated `domain-server-seq` (decimal digits; 32-bit domain and server id,
+/// 64-bit sequence), spaces around each, one per domain, at most 4096 bytes.
+fn spec_gtid_ok(text: &str) -> bool {
+    if text.len() > 4096 {
+        return false;
+    }
+    if text.trim().is_empty() {
+        return true;
+    }
+    let elements: Vec<&str> = text.split(',').map(str::trim).collect();
+    let mut domains = std::collections::BTreeSet::new();
+    elements.len() <= 64
+        && elements.iter().all(|e| {
+            let parts: Vec<&str> = e.split('-').collect();
+            let decimal = |p: &&str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+            parts.len() == 3
+                && parts.iter().all(decimal)
+                && parts[1].parse::<u32>().is_ok()
+                && parts[2].parse::<u64>().is_ok()
+                && parts[0].parse::<u32>().is_ok_and(|d| domains.insert(d))
+        })
 }
 
 /// What the dispatcher and the worker do with a decoded `REQUEST` before it runs:
