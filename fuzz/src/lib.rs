@@ -150,7 +150,9 @@ fn nested<T: Serialize + DeserializeOwned>(payload: &[u8]) {
 }
 
 /// The shape rules of `docs/PROTOCOL.md` section 5 (`Request`), written from the spec
-/// rather than from `Request::validate`, so that the two check each other.
+/// rather than from `Request::validate`, so that the two check each other. (Whether a
+/// parameter is a value some column can hold is section 6's `Value::check_param`, taken
+/// as it is.)
 pub fn spec_shape_ok(r: &Request) -> bool {
     let has_sql = !r.sql.is_empty();
     let has_batch = !r.batch.is_empty();
@@ -160,6 +162,9 @@ pub fn spec_shape_ok(r: &Request) -> bool {
         && r.batch.iter().all(|s| !blank(&s.sql))
         && (!has_batch || r.params.is_empty())
         && r.causal_gtid.as_deref().is_none_or(spec_gtid_ok)
+        && std::iter::once(&r.params)
+            .chain(r.batch.iter().map(|s| &s.params))
+            .all(|ps| ps.len() <= 65_535 && ps.iter().all(|p| p.check_param().is_ok()))
 }
 
 /// `causal_gtid` as section 5 describes it: blank (no constraint), or at most 64
