@@ -44,6 +44,8 @@ pub enum Target {
     Direct,
     DirectUnpooled,
     Osprey,
+    /// Osprey with `pool.pipeline_depth = 1` (no prefetch): its own dispatcher and workers.
+    OspreyD1,
     OspreyTls,
     Haproxy,
 }
@@ -54,6 +56,7 @@ impl Target {
             Target::Direct => "direct",
             Target::DirectUnpooled => "direct-unpooled",
             Target::Osprey => "osprey",
+            Target::OspreyD1 => "osprey-d1",
             Target::OspreyTls => "osprey-tls",
             Target::Haproxy => "haproxy",
         }
@@ -107,6 +110,10 @@ struct Args {
     /// The direct and HAProxy targets keep going to the primary.
     #[arg(long, default_value_t = 0)]
     replicas: usize,
+    /// The dispatchers' `pool.pipeline_depth` (absent: the dispatcher's default); the
+    /// `osprey-d1` target always runs with 1.
+    #[arg(long)]
+    pipeline_depth: Option<usize>,
     /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
     #[arg(long, env = "OSPREY_BIN_DIR")]
     bin_dir: Option<PathBuf>,
@@ -118,6 +125,7 @@ struct Ctx {
     sandbox: Sandbox,
     dispatcher: Option<procs::Dispatcher>,
     tls_dispatcher: Option<procs::Dispatcher>,
+    d1_dispatcher: Option<procs::Dispatcher>,
     pki: Option<tls::BenchPki>,
     haproxy: Option<procs::Haproxy>,
     watched: Watched,
@@ -152,7 +160,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("haproxy is not installed: skipping the haproxy target");
         targets.retain(|t| *t != Target::Haproxy);
     }
-    let bin_dir = if targets.contains(&Target::Osprey) || targets.contains(&Target::OspreyTls) {
+    let bin_dir = if targets
+        .iter()
+        .any(|t| matches!(t, Target::Osprey | Target::OspreyD1 | Target::OspreyTls))
+    {
         Some(procs::bin_dir(args.bin_dir.as_deref())?)
     } else {
         None
@@ -187,6 +198,26 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     max_clients,
                     &args.session_reset,
                     None,
+                    args.pipeline_depth,
+                )
+                .await?,
+            )
+        }
+        _ => None,
+    };
+    let d1_dispatcher = match &bin_dir {
+        Some(dir) if targets.contains(&Target::OspreyD1) => {
+            eprintln!("starting an osprey-dispatcher with pipeline_depth = 1 ...");
+            Some(
+                procs::Dispatcher::start(
+                    dir,
+                    primary,
+                    sandbox.replicas(),
+                    args.workers,
+                    max_clients,
+                    &args.session_reset,
+                    None,
+                    Some(1),
                 )
                 .await?,
             )
@@ -209,6 +240,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     max_clients,
                     &args.session_reset,
                     Some(pki),
+                    args.pipeline_depth,
                 )
                 .await?,
             )
@@ -229,6 +261,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         sandbox,
         dispatcher,
         tls_dispatcher,
+        d1_dispatcher,
         pki,
         haproxy,
         watched,
@@ -338,9 +371,10 @@ async fn handles(ctx: &Ctx, target: Target, clients: usize) -> anyhow::Result<(V
                 .await?;
             (conns.into_iter().map(Handle::Conn).collect(), None)
         }
-        Target::Osprey | Target::OspreyTls => {
+        Target::Osprey | Target::OspreyD1 | Target::OspreyTls => {
             let d = match target {
                 Target::OspreyTls => ctx.tls_dispatcher.as_ref(),
+                Target::OspreyD1 => ctx.d1_dispatcher.as_ref(),
                 _ => ctx.dispatcher.as_ref(),
             }
             .context("dispatcher not started")?;
@@ -385,6 +419,10 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
     phase.store(workload::MEASURE, Ordering::SeqCst);
     // The TLS target's CPU figures are those of its own dispatcher and workers.
     let watched = match target {
+        Target::OspreyD1 => Watched {
+            dispatcher: ctx.d1_dispatcher.as_ref().map(procs::Dispatcher::pid),
+            ..ctx.watched.clone()
+        },
         Target::OspreyTls => Watched {
             dispatcher: ctx.tls_dispatcher.as_ref().map(procs::Dispatcher::pid),
             ..ctx.watched.clone()

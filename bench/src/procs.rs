@@ -112,6 +112,7 @@ impl Dispatcher {
         max_clients: usize,
         session_reset: &str,
         tls: Option<&crate::tls::BenchPki>,
+        pipeline_depth: Option<usize>,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("osprey-bench-").tempdir()?;
         let client_addr = free_addr()?;
@@ -136,12 +137,14 @@ max_age_s = 0
 queue_capacity = {queue}
 queue_timeout_ms = 60000
 worker_log = "warn"
+{depth}
 
 [limits]
 max_streams_per_connection = {streams}
 "#,
             runtime = dir.path().display(),
             queue = (2 * max_clients).max(4096),
+            depth = pipeline_depth.map_or_else(String::new, |d| format!("pipeline_depth = {d}")),
         );
         let config = if replicas.is_empty() {
             format!(

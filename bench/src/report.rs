@@ -73,7 +73,7 @@ impl RunResult {
 /// CPU µs per query of the processes on `target`'s path.
 fn per_query(target: Target, cpu: &CpuSeconds, queries: u64) -> CpuPerQuery {
     let us = |s: Option<f64>| s.filter(|_| queries > 0).map(|s| s * 1e6 / queries as f64);
-    let osprey = matches!(target, Target::Osprey | Target::OspreyTls);
+    let osprey = matches!(target, Target::Osprey | Target::OspreyD1 | Target::OspreyTls);
     CpuPerQuery {
         loadgen: us(Some(cpu.loadgen)),
         dispatcher: us(cpu.dispatcher.filter(|_| osprey)),

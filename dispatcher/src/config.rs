@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::{ClusterConfig, FailoverConfig, HealthConfig, MemberConfig, Topology};
 use crate::policy::{BlockKinds, InterceptSettings, Limit, SlowLogSettings, ThrottleSettings};
 use crate::pool::wait_queue::QueueLimits;
+pub use osprey_protocol::MAX_PIPELINE_DEPTH;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -153,6 +154,14 @@ pub struct Pool {
     pub batch_bytes: u32,
     /// Worker log filter (RUST_LOG syntax) passed to worker processes.
     pub worker_log: String,
+    /// Requests a worker link may have written to its worker at once (prefetch,
+    /// docs/OPERATIONS.md "Pipelining"): while requests wait, the next ones go to a busy
+    /// worker's socket, so that it finds them there when it finishes. 1 = one at a time.
+    pub pipeline_depth: usize,
+    /// Nothing is added behind a request that has run this long, and requests written
+    /// behind it are taken back (re-queued, never run) once it has: one slow statement
+    /// cannot hold fast ones for longer than this.
+    pub pipeline_hold_ms: u64,
 }
 
 impl Default for Pool {
@@ -178,6 +187,8 @@ impl Default for Pool {
             batch_rows: 512,
             batch_bytes: 256 * 1024,
             worker_log: "warn".into(),
+            pipeline_depth: 4,
+            pipeline_hold_ms: 5,
         }
     }
 }
@@ -653,6 +664,11 @@ impl Config {
                     )));
                 }
             }
+        }
+        if !(1..=MAX_PIPELINE_DEPTH).contains(&self.pool.pipeline_depth) {
+            return bad(&format!(
+                "pool.pipeline_depth must be between 1 and {MAX_PIPELINE_DEPTH}"
+            ));
         }
         if self.pool.batch_rows == 0 || (self.pool.batch_bytes as usize) >= self.limits.max_payload {
             return bad("pool.batch_rows must be >= 1 and pool.batch_bytes below limits.max_payload");

@@ -26,3 +26,12 @@ pub const PROTOCOL_MAJOR: u16 = 1;
 /// Minor protocol version: additions that older peers may ignore. 1.3 added
 /// `END.gtid` and `REQUEST.causal_gtid` (read-your-writes).
 pub const PROTOCOL_MINOR: u16 = 3;
+
+/// The most requests a dispatcher writes to one worker before the first of them has
+/// ended (`pool.pipeline_depth`): a worker reads that many ahead while it executes.
+pub const MAX_PIPELINE_DEPTH: usize = 16;
+
+/// `CANCEL.reason` with which the dispatcher takes back a request it wrote to a worker
+/// ahead of time: the worker answers `ERROR CANCELLED` (dispatched=false) if it has not
+/// started it, and ignores the `CANCEL` if it has (the statement runs on, unharmed).
+pub const CANCEL_RECLAIM: &str = "reclaim";

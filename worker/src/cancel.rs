@@ -84,6 +84,27 @@ impl Tracker {
         }
     }
 
+    /// The dispatcher takes `stream` back (it wrote it ahead of time, see
+    /// `CANCEL_RECLAIM`): stopped if it has not started, so that it is answered as never
+    /// run; ignored if it is executing or has ended.
+    pub fn reclaim(&self, stream: u32) {
+        let mut inner = self.lock();
+        if inner.running == Some(stream) {
+            return;
+        }
+        if let Some(slot @ None) = inner.open.get_mut(&stream) {
+            *slot = Some(StopReason::Cancelled);
+        }
+    }
+
+    /// `stream` was answered without running (taken back while queued): forgotten.
+    pub fn forget(&self, stream: u32) {
+        let mut inner = self.lock();
+        if inner.running != Some(stream) {
+            inner.open.remove(&stream);
+        }
+    }
+
     /// Whether `stream`'s request is still executing.
     fn running(&self, stream: u32) -> bool {
         self.lock().running == Some(stream)

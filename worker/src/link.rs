@@ -18,7 +18,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use futures::{SinkExt, StreamExt};
 use osprey_protocol::{
-    ErrorBody, Frame, FrameCodec, Hello, HelloAck, Kind, Ping, ProtocolError, HEADER_LEN, PROTOCOL_MAJOR,
+    Cancel, End, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Origin, Ping, ProtocolError,
+    CANCEL_RECLAIM, HEADER_LEN, PROTOCOL_MAJOR,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, Interest, ReadBuf};
@@ -113,8 +114,10 @@ pub struct LinkGone;
 type Sock = Rc<AsyncFd<StdUnixStream>>;
 
 /// Events read while a statement runs are queued up to this many; past it the link is
-/// not read until the statement ends (the dispatcher sends one request at a time).
-const MAX_QUEUED_EVENTS: usize = 16;
+/// not read until the statement ends. The dispatcher writes at most
+/// `MAX_PIPELINE_DEPTH` requests before the first has ended (prefetch), plus a
+/// `QUIT_NOW` or `GOAWAY`: they all fit, so the link is always read (`PING`, `CANCEL`).
+const MAX_QUEUED_EVENTS: usize = osprey_protocol::MAX_PIPELINE_DEPTH + 4;
 
 /// Largest read per `recv` (the buffer part handed to the kernel is zeroed first).
 const READ_CHUNK: usize = 4096;
@@ -409,8 +412,14 @@ impl Link {
             }
             Kind::Pong => {}
             Kind::Cancel => {
-                debug!(stream = frame.stream, "cancel");
-                self.tracker.stop(frame.stream, StopReason::Cancelled);
+                // A body that does not decode is still a cancel (the reason is for logs).
+                let reason = frame.body::<Cancel>().map(|c| c.reason).unwrap_or_default();
+                debug!(stream = frame.stream, %reason, "cancel");
+                if reason == CANCEL_RECLAIM {
+                    self.reclaim(frame.stream, out)?;
+                } else {
+                    self.tracker.stop(frame.stream, StopReason::Cancelled);
+                }
             }
             Kind::Request => {
                 self.tracker.opened(frame.stream);
@@ -433,6 +442,30 @@ impl Link {
                 )))
             }
         }
+        Ok(())
+    }
+
+    /// The dispatcher takes back `stream`, which it wrote ahead of time. Still queued here:
+    /// it leaves the queue and is answered at once, out of turn, as never run (`ERROR
+    /// CANCELLED`, dispatched=false, then `END`), so that the dispatcher can give it to
+    /// another worker now rather than after the statement running here. Taken from the
+    /// queue but not started: it will be answered so when its turn comes. Started: it
+    /// runs on, unharmed (the dispatcher relays its answer as usual).
+    fn reclaim(&mut self, stream: u32, out: &LinkOut) -> Result<(), LinkEnd> {
+        let queued = self
+            .events
+            .iter()
+            .position(|e| matches!(e, Event::Request(f) if f.stream == stream));
+        let Some(at) = queued else {
+            self.tracker.reclaim(stream);
+            return Ok(());
+        };
+        self.events.remove(at);
+        self.tracker.forget(stream);
+        let body = ErrorBody::undispatched(Origin::Worker, ErrorCode::Cancelled, "taken back before it started");
+        out.push(&Frame::new(Kind::Error, stream, &body));
+        out.push(&Frame::new(Kind::End, stream, &End::default()));
+        out.try_flush()?;
         Ok(())
     }
 

@@ -107,6 +107,53 @@ pub struct Metrics {
     pub reads: ReadMetrics,
     /// Replica-delay detection (`cluster::delay`).
     pub delay: DelayMetrics,
+    /// Requests written to workers ahead of time (`pool.pipeline_depth`).
+    pub pipeline: PipelineMetrics,
+}
+
+/// Prefetch: how deep the workers' pipelines run, and what was taken back.
+pub struct PipelineMetrics {
+    /// Requests written to a worker behind the one it runs, now (all slots).
+    pub ahead: Gauge,
+    /// For each request written to a worker: how many it then had (itself included).
+    pub depth: Histogram,
+    /// Requests written to a busy worker (behind another).
+    pub prefetched: Counter,
+    /// Of those, requests taken back before they ran and queued again.
+    pub reclaimed: Counter,
+}
+
+fn register_pipeline_metrics(registry: &mut Registry) -> PipelineMetrics {
+    let ahead = Gauge::default();
+    registry.register(
+        "pipeline_ahead",
+        "Requests written to workers behind the one each runs (prefetch)",
+        ahead.clone(),
+    );
+    let depth = Histogram::new([1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0]);
+    registry.register(
+        "pipeline_depth",
+        "Requests a worker had written to it when one more was, itself included",
+        depth.clone(),
+    );
+    let prefetched = Counter::default();
+    registry.register(
+        "pipeline_prefetched",
+        "Requests written to a busy worker, behind the one it runs",
+        prefetched.clone(),
+    );
+    let reclaimed = Counter::default();
+    registry.register(
+        "pipeline_reclaimed",
+        "Prefetched requests taken back before they ran (slow statement ahead, retarget) and queued again",
+        reclaimed.clone(),
+    );
+    PipelineMetrics {
+        ahead,
+        depth,
+        prefetched,
+        reclaimed,
+    }
 }
 
 /// Why a read went to the primary instead of a replica.
@@ -373,8 +420,10 @@ impl Metrics {
             semi_sync.clone(),
         );
         let delay = register_delay_metrics(&mut registry);
+        let pipeline = register_pipeline_metrics(&mut registry);
         Metrics {
             registry,
+            pipeline,
             reads,
             delay,
             failovers,

@@ -658,6 +658,21 @@ impl Intercept {
             .collect()
     }
 
+    /// Whether the digest ran over the slow threshold within the slow window (it is in
+    /// the slow table): a worker writes nothing behind such a statement (prefetch).
+    pub fn ran_slow_lately(&self, hash: u64) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let last = self
+            .slow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&hash)
+            .and_then(|e| e.times.back().copied());
+        last.is_some_and(|t| Instant::now().saturating_duration_since(t) <= self.settings().slow_window)
+    }
+
     /// Entries in the slow table (for tests and the status view).
     pub fn slow_table_len(&self) -> usize {
         self.slow.lock().unwrap_or_else(|e| e.into_inner()).len()

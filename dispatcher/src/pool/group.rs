@@ -13,7 +13,7 @@
 //! back by its connection's or token's cap). Whatever frees a holder's worker
 //! (`release`) hands jobs to idle workers before the lock is let go.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -104,6 +104,8 @@ struct Slot {
     retiring: bool,
     /// Whose job the worker runs (busy with a job taken from the pool).
     holder: Option<Holder>,
+    /// Whose jobs the link wrote to the worker behind that one (prefetch, in order).
+    ahead: VecDeque<Holder>,
     kill: mpsc::UnboundedSender<&'static str>,
     /// The target the process was spawned for.
     target: Option<Arc<Target>>,
@@ -149,6 +151,8 @@ struct Inner {
     hold: Option<String>,
     /// Requests fail at once while set (no member can serve: all down).
     unavailable: Option<String>,
+    /// Jobs written to busy workers behind the one each runs (prefetch), all slots.
+    ahead: usize,
 }
 
 impl Inner {
@@ -172,6 +176,9 @@ pub struct SlotView {
     pub cluster: String,
     pub db_connection_id: Option<u32>,
     pub retiring: bool,
+    /// Requests written to the worker and not ended: the one it runs and those behind it
+    /// (prefetch, `pool.pipeline_depth`).
+    pub pipeline: usize,
 }
 
 /// Pool-wide figures, for the admin API.
@@ -287,6 +294,7 @@ impl Pool {
                 target: None,
                 hold: None,
                 unavailable: None,
+                ahead: 0,
             }),
             metrics,
             cluster,
@@ -341,7 +349,7 @@ impl Pool {
         if busy == 0 && g.idle.is_empty() {
             return None;
         }
-        Some(g.queue.len() + busy)
+        Some(g.queue.len() + busy + g.ahead)
     }
 
     /// Whether slot id `index` belongs to this group.
@@ -709,10 +717,18 @@ impl Pool {
 
     /// The worker of a slot is free or gone: its holder may have another one.
     fn release_slot(&self, g: &mut Inner, index: u32) {
-        let Some(holder) = g.slots.get_mut(&index).and_then(|s| s.holder.take()) else {
+        let Some(slot) = g.slots.get_mut(&index) else {
             return;
         };
-        if g.queue.release(holder) {
+        let ahead = slot.ahead.len();
+        let held: Vec<Holder> = slot.holder.take().into_iter().chain(slot.ahead.drain(..)).collect();
+        g.ahead = g.ahead.saturating_sub(ahead);
+        self.metrics.pipeline.ahead.dec_by(ahead as i64);
+        let mut servable = false;
+        for h in held {
+            servable |= g.queue.release(h);
+        }
+        if servable {
             self.pump(g);
         }
     }
@@ -727,6 +743,7 @@ impl Pool {
             slot.requests += 1;
         }
         let holder = slot.holder.take();
+        debug_assert!(slot.ahead.is_empty(), "next_job with jobs ahead");
         if let Some(h) = holder {
             g.queue.release(h);
         }
@@ -736,6 +753,87 @@ impl Pool {
             self.pump(&mut g);
         }
         next
+    }
+
+    /// Prefetch: one more waiting job for the busy worker of `index`, to be written to
+    /// it behind the one it runs (`pool.pipeline_depth`). None when nothing may be served
+    /// now, or when the worker must not take more (it is to retire, or serves an old
+    /// target: what it has is all it gets).
+    pub fn prefetch(self: &Arc<Self>, index: u32, generation: u64) -> Option<Job> {
+        let mut g = self.lock();
+        if g.queue.is_empty() || g.shutting_down || !Pool::dispatching(&g) {
+            return None;
+        }
+        let current = g.target.as_ref().map(|t| t.epoch);
+        let slot = g.linked(index, generation)?;
+        if slot.state != SlotState::Busy
+            || slot.quit_pending
+            || slot.retiring
+            || slot.target.as_ref().map(|t| t.epoch) != current
+        {
+            return None;
+        }
+        let (job, holder) = g.queue.pick()?;
+        if let Some(slot) = g.slots.get_mut(&index) {
+            slot.ahead.push_back(holder);
+        }
+        g.ahead += 1;
+        self.metrics.pipeline.ahead.inc();
+        self.set_depth(&g);
+        Some(job)
+    }
+
+    /// The worker of `index` ended its request (`served`) or answered one it never ran,
+    /// and has more written to it: the first of those is its request now.
+    /// False: what is still behind it must be taken back (it serves an old target, is to retire, or the group stopped dispatching: held, unavailable, shutting down).
+    pub fn promote(self: &Arc<Self>, index: u32, generation: u64, served: bool) -> bool {
+        let mut g = self.lock();
+        let current = g.target.as_ref().map(|t| t.epoch);
+        let dispatching = Pool::dispatching(&g) && !g.shutting_down;
+        let Some(slot) = g.linked(index, generation) else {
+            return false;
+        };
+        let keep = dispatching && !slot.retiring && slot.target.as_ref().map(|t| t.epoch) == current;
+        if served {
+            slot.requests += 1;
+        }
+        let done = std::mem::replace(&mut slot.holder, slot.ahead.pop_front());
+        let moved = slot.holder.is_some();
+        if moved {
+            g.ahead = g.ahead.saturating_sub(1);
+            self.metrics.pipeline.ahead.dec();
+        }
+        if let Some(h) = done {
+            if g.queue.release(h) {
+                self.pump(&mut g);
+            }
+        }
+        keep
+    }
+
+    /// Undoes a [`Pool::prefetch`] whose job needed no worker after all (cancelled
+    /// meanwhile): its holder may have another.
+    pub fn unprefetch(self: &Arc<Self>, index: u32, generation: u64) {
+        let at = self
+            .lock()
+            .slots
+            .get(&index)
+            .map_or(0, |s| s.ahead.len().saturating_sub(1));
+        self.unprefetch_at(index, generation, at);
+    }
+
+    /// The job `at` places behind the current one of `index` left the worker without
+    /// running (taken back): its holder may have another.
+    pub fn unprefetch_at(self: &Arc<Self>, index: u32, generation: u64, at: usize) {
+        let mut g = self.lock();
+        let Some(holder) = g.linked(index, generation).and_then(|s| s.ahead.remove(at)) else {
+            return;
+        };
+        g.ahead = g.ahead.saturating_sub(1);
+        self.metrics.pipeline.ahead.dec();
+        if g.queue.release(holder) {
+            self.pump(&mut g);
+        }
     }
 
     /// Puts a newly ready worker to use (see [`Pool::next_for`]).
@@ -859,6 +957,7 @@ impl Pool {
                 quit_pending: false,
                 retiring: false,
                 holder: None,
+                ahead: VecDeque::new(),
                 kill,
                 target,
             },
@@ -1224,6 +1323,7 @@ impl Pool {
                 cluster: self.cluster.clone(),
                 db_connection_id: s.db_connection_id,
                 retiring: s.retiring,
+                pipeline: usize::from(s.state == SlotState::Busy) + s.ahead.len(),
             })
             .collect();
         (pool, slots)
@@ -1474,6 +1574,61 @@ mod tests {
         assert_eq!(next.len(), 1);
         assert_eq!(f.name(&next[0].1), (0, 5));
         assert_eq!(f.pool.queue_depth(), 0);
+    }
+
+    /// Prefetch takes waiting jobs for a busy worker, charged to their connections as
+    /// workers they hold (the caps count them); promotion and loss release them.
+    #[test]
+    fn prefetched_jobs_count_as_held_and_are_released_in_turn() {
+        let mut limits = no_caps();
+        limits.max_per_connection = Some(2);
+        let mut f = fixture(1, 2, &[], limits);
+        let gen = f.links[0].0;
+        for s in 1..=4 {
+            f.submit(0, s);
+        }
+        f.submit(1, 1);
+        assert_eq!(f.delivered().len(), 1, "the one worker runs A's first");
+        // A holds one worker and may hold two: its second goes behind; then A is at its cap
+        // and B's job is next.
+        let a2 = f.pool.prefetch(0, gen).expect("A's second");
+        assert_eq!(f.name(&a2), (0, 2));
+        let b1 = f.pool.prefetch(0, gen).expect("B's first");
+        assert_eq!(f.name(&b1), (1, 1));
+        assert!(f.pool.prefetch(0, gen).is_none(), "A is at its cap, B has nothing more");
+        assert_eq!(f.pool.view().1[0].pipeline, 3);
+        assert_eq!(f.pool.outstanding(), Some(2 + 1 + 2), "queued + running + ahead");
+        // The running one ends: A's second runs now, and A may have one more behind it.
+        assert!(f.pool.promote(0, gen, true));
+        let a3 = f.pool.prefetch(0, gen).expect("A's third");
+        assert_eq!(f.name(&a3), (0, 3));
+        assert_eq!(f.pool.view().1[0].pipeline, 3);
+        // One taken back (e.g. cancelled) from the middle: its holder is free again.
+        f.pool.unprefetch_at(0, gen, 0);
+        assert_eq!(f.pool.view().1[0].pipeline, 2);
+        // The worker dies: everything it held is released; nothing is lost from the queue.
+        f.pool.kill(0, gen, "test");
+        assert_eq!(f.pool.queue_depth(), 1, "A's fourth still waits");
+        assert_eq!(f.pool.outstanding(), None, "no worker registered");
+    }
+
+    /// Nothing is written ahead to a worker that is to retire or serves an old target, and
+    /// promotion says to take back what is ahead then.
+    #[test]
+    fn no_prefetch_for_a_retiring_or_retargeted_worker() {
+        let mut f = fixture(1, 1, &[], no_caps());
+        let gen = f.links[0].0;
+        for s in 1..=4 {
+            f.submit(0, s);
+        }
+        assert_eq!(f.delivered().len(), 1);
+        assert!(f.pool.prefetch(0, gen).is_some());
+        f.pool.quit_requested(0, gen);
+        assert!(f.pool.prefetch(0, gen).is_none(), "retiring: it gets no more");
+        assert!(f.pool.promote(0, gen, true), "what it has it may still serve");
+        f.pool.set_target("other", settings("other"));
+        assert!(!f.pool.promote(0, gen, true), "re-targeted: take back what is ahead");
+        assert!(f.pool.prefetch(0, gen).is_none());
     }
 
     /// Growing the pool grows the default cap: an idle worker takes a capped job.

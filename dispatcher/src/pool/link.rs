@@ -131,7 +131,7 @@ async fn register(
         server: format!("osprey-dispatcher {}", env!("CARGO_PKG_VERSION")),
         connection_id: ctx.next_conn_id(),
         max_payload: ctx.config.limits.max_payload as u32,
-        max_streams: 1,
+        max_streams: ctx.config.pool.pipeline_depth as u32,
         keepalive_interval_ms: ctx.config.timeouts.keepalive_interval_ms,
         worker: Some(settings.clone()),
         stream_window: 0,

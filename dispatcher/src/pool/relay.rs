@@ -6,7 +6,9 @@
 //! writer) instead of one per hand-off.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -17,7 +19,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout, Instant as TokioInstant, Interval};
 use tokio_util::codec::{FramedRead, FramedWrite};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tracing::{debug, info, warn};
 
 use crate::client::streams::StreamGuard;
@@ -34,9 +36,10 @@ pub const WORKER_CLOSED: &str = "worker closed the connection";
 /// exits next (status 2) and must not be given another request meanwhile.
 const WORKER_FATAL: &str = "worker reported a fatal database error";
 
-/// One request at a time per worker, so a fixed worker-side stream id is enough;
-/// responses on any other id are a broken worker.
-const WORKER_STREAM: u32 = 1;
+/// After the dispatcher gave up a worker that had requests written behind its current
+/// one, it reads what the worker wrote before it died for at most this long, to tell
+/// the requests it started from those it never did (see [`Relay::settle_ahead`]).
+const SETTLE_AFTER_KILL: Duration = Duration::from_secs(2);
 
 /// A cancelled statement still running this many `cancel_grace_ms` after its CANCEL gets
 /// its worker killed, however alive the worker is (see [`Draining`]).
@@ -44,6 +47,20 @@ pub const CANCEL_HARD_GRACES: u32 = 5;
 
 /// The request on the worker.
 struct Current {
+    /// Its stream id on the worker link (the link numbers its requests).
+    wstream: u32,
+    /// When it became the worker's current request (written to an idle worker, or the
+    /// one before it ended): the pipeline bound counts from here.
+    started: TokioInstant,
+    /// Taken back while it waited behind another (`CANCEL reclaim`): if the worker
+    /// confirms it never ran it, it is queued again instead of answered.
+    reclaimed: bool,
+    /// The worker confirmed that (ERROR CANCELLED, dispatched=false).
+    returned: bool,
+    /// Kept to queue it again (see `reclaimed`).
+    timeout: Option<Duration>,
+    queue_deadline: Instant,
+    attempts: u32,
     guard: StreamGuard,
     cancel: CancellationToken,
     received: Instant,
@@ -79,6 +96,8 @@ struct Current {
 /// the statement outlives [`CANCEL_HARD_GRACES`] graces after the CANCEL or the request's
 /// own deadline.
 struct Draining {
+    /// Its stream id on the worker link.
+    wstream: u32,
     conn: u64,
     stream: u32,
     /// When the stream was answered (for the log).
@@ -87,6 +106,28 @@ struct Draining {
     /// When the last PING went out: a frame from the worker after it shows it alive.
     probed: TokioInstant,
     fatal: bool,
+}
+
+/// A request written to the worker behind the one it runs (prefetch,
+/// `pool.pipeline_depth`). The worker takes its requests in order, and starts one only
+/// after the `END` of the one before has left it, so one not yet current never ran.
+struct Ahead {
+    wstream: u32,
+    state: AheadState,
+    /// The worker answered it as never run (it took it out of its queue at a reclaim):
+    /// its `END` follows, out of turn.
+    never_ran: bool,
+}
+
+enum AheadState {
+    /// In the worker's socket; the future ends at the client's CANCEL.
+    Waiting(Job, Pin<Box<WaitForCancellationFutureOwned>>),
+    /// Taken back (`CANCEL reclaim` sent): queued again if the worker confirms it never
+    /// ran it, relayed as usual if it had.
+    Reclaimed(Job),
+    /// Cancelled by its client, who was answered then (dispatched: it may still run);
+    /// whatever the worker sends for it is dropped.
+    Answered { conn: u64, stream: u32 },
 }
 
 /// Why waiting to hand a data frame on ended without it (the frame is dropped; the
@@ -115,6 +156,17 @@ pub struct Relay {
     tick: Interval,
     last_rx: TokioInstant,
     nonce: u64,
+    /// Requests written behind the current one, in the order the worker takes them.
+    ahead: VecDeque<Ahead>,
+    /// `pool.pipeline_depth`: requests written to the worker at most, current included.
+    depth: usize,
+    /// `pool.pipeline_hold_ms`.
+    hold: Duration,
+    /// The link's last stream id (they count up, skipping 0).
+    last_wstream: u32,
+    /// The stream id of the request the worker runs: written, and its END not yet seen
+    /// (kept when the dispatcher answers it without the worker, e.g. at a timeout).
+    head_ws: Option<u32>,
 }
 
 impl Relay {
@@ -130,6 +182,12 @@ impl Relay {
         let mut tick = tokio::time::interval(ctx.keepalive_interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.reset();
+        let depth = ctx
+            .config
+            .pool
+            .pipeline_depth
+            .clamp(1, osprey_protocol::MAX_PIPELINE_DEPTH);
+        let hold = Duration::from_millis(ctx.config.pool.pipeline_hold_ms);
         Relay {
             ctx,
             pool,
@@ -142,6 +200,11 @@ impl Relay {
             tick,
             last_rx: TokioInstant::now(),
             nonce: 0,
+            ahead: VecDeque::new(),
+            depth,
+            hold,
+            last_wstream: 0,
+            head_ws: None,
         }
     }
 
@@ -155,18 +218,40 @@ impl Relay {
         let ctx = self.ctx.clone();
         let exiting = why == WORKER_CLOSED || why == WORKER_FATAL;
         self.pool.link_lost(self.slot, self.generation, why, exiting);
+        let head = self.head_ws;
+        // Requests behind the current one never ran, unless the worker had ended the ones
+        // before them in frames still unread: those are read first (the worker is dying).
+        let mut lost = Vec::new();
+        if !self.ahead.is_empty() && why != WORKER_CLOSED {
+            lost = self.settle_ahead(head, &mut current).await;
+        }
         if let Some(cur) = current.take() {
+            if cur.returned {
+                self.requeue(cur);
+            } else {
+                lost.push(cur.guard);
+            }
+        }
+        for guard in lost {
             ctx.metrics.outcome("worker_lost");
             warn!(slot = self.slot, "worker link lost mid-request: {why}");
             let body = ErrorBody {
                 retryable: false,
+                dispatched: true,
                 ..ErrorBody::undispatched(
                     Origin::Worker,
                     ErrorCode::WorkerLost,
                     "the worker serving this request died",
                 )
             };
-            tokio::spawn(cur.guard.fail(body));
+            tokio::spawn(guard.fail(body));
+        }
+        // What is still ahead never reached the database: another worker gets it.
+        for a in std::mem::take(&mut self.ahead) {
+            match a.state {
+                AheadState::Waiting(job, _) | AheadState::Reclaimed(job) => give_back(&ctx, &self.pool, job),
+                AheadState::Answered { .. } => {}
+            }
         }
         if let Some(dr) = drain {
             // Its stream was answered at cancel_grace_ms; nothing is owed to anyone.
@@ -182,6 +267,116 @@ impl Relay {
         while let Ok(job) = self.jobs.try_recv() {
             give_back(&ctx, &self.pool, job);
         }
+    }
+
+    /// The worker is given up with requests written behind its current one (`head`, its
+    /// stream id). It takes them in order and starts one only after the `END` of the one
+    /// before has left it, so what it started shows in what it wrote before it died: that
+    /// is read now (not relayed: the link is given up), for at most [`SETTLE_AFTER_KILL`].
+    /// A request it ended is lost (dispatched) unless it answered it as never run, which is
+    /// queued again; the first it did not end may have started (lost); those behind it
+    /// stay in `self.ahead` (never ran). Returns the guards to answer as lost.
+    async fn settle_ahead(&mut self, head: Option<u32>, current: &mut Option<Current>) -> Vec<StreamGuard> {
+        let mut lost = Vec::new();
+        let until = TokioInstant::now() + SETTLE_AFTER_KILL;
+        let mut at = head;
+        let mut never_ran = false;
+        while let Some(ws) = at {
+            let frame = match tokio::time::timeout_at(until, self.reader.next()).await {
+                Ok(Some(Ok(frame))) => frame,
+                _ => break,
+            };
+            if frame.stream == 0 {
+                continue;
+            }
+            if frame.stream != ws {
+                if self.out_of_turn(frame).is_err() {
+                    break;
+                }
+                continue;
+            }
+            match frame.kind {
+                Kind::Error => never_ran = frame.body::<ErrorBody>().is_ok_and(|e| !e.dispatched),
+                Kind::End => {
+                    if Some(ws) == head {
+                        if let Some(cur) = current.take() {
+                            if cur.returned || (cur.reclaimed && never_ran) {
+                                self.requeue(cur);
+                            } else {
+                                lost.push(cur.guard);
+                            }
+                        }
+                    } else if let Some(a) = self.ahead.pop_front() {
+                        match a.state {
+                            AheadState::Waiting(job, _) | AheadState::Reclaimed(job) if never_ran => {
+                                self.ctx.metrics.pipeline.reclaimed.inc();
+                                give_back_counted(&self.ctx, &self.pool, job, false);
+                            }
+                            AheadState::Waiting(job, _) | AheadState::Reclaimed(job) => lost.push(job.guard),
+                            AheadState::Answered { .. } => {}
+                        }
+                    }
+                    never_ran = false;
+                    at = self.ahead.front().map(|a| a.wstream);
+                }
+                _ => {}
+            }
+        }
+        if at.is_some() && at != head {
+            if let Some(a) = self.ahead.pop_front() {
+                match a.state {
+                    AheadState::Waiting(job, _) | AheadState::Reclaimed(job) => lost.push(job.guard),
+                    AheadState::Answered { .. } => {}
+                }
+            }
+        }
+        lost
+    }
+
+    /// A frame for a request behind the current one: the worker took it out of its queue
+    /// at a reclaim and answered it at once (ERROR "never ran", then END). Anything else
+    /// out of turn is a broken worker.
+    fn out_of_turn(&mut self, frame: Frame) -> Result<(), &'static str> {
+        let Some(i) = self.ahead.iter().position(|a| a.wstream == frame.stream) else {
+            return Err("response frame on the wrong stream");
+        };
+        let a = &mut self.ahead[i];
+        if matches!(a.state, AheadState::Waiting(..)) {
+            return Err("response frame out of turn");
+        }
+        match frame.kind {
+            Kind::Error if never_ran(&frame) => {
+                a.never_ran = true;
+                Ok(())
+            }
+            Kind::End if a.never_ran => {
+                if let Some(a) = self.ahead.remove(i) {
+                    self.pool.unprefetch_at(self.slot, self.generation, i);
+                    if let AheadState::Reclaimed(job) = a.state {
+                        self.ctx.metrics.pipeline.reclaimed.inc();
+                        give_back_counted(&self.ctx, &self.pool, job, false);
+                    }
+                }
+                Ok(())
+            }
+            _ => Err("response frame out of turn"),
+        }
+    }
+
+    /// Queues again a request the worker answered as never run (it was reclaimed).
+    fn requeue(&self, cur: Current) {
+        self.ctx.metrics.pipeline.reclaimed.inc();
+        let job = Job {
+            guard: cur.guard,
+            cancel: cur.cancel,
+            frame: cur.request,
+            timeout: cur.timeout,
+            received: cur.received,
+            queue_deadline: cur.queue_deadline,
+            attempts: cur.attempts,
+            digest: cur.digest,
+        };
+        give_back_counted(&self.ctx, &self.pool, job, false);
     }
 
     /// Serves until the link must end; the error says why.
@@ -203,6 +398,15 @@ impl Relay {
                 (None, None) => far,
             };
             let probe_due = drain.as_ref().map_or(far, |d| later(d.probed, grace));
+            let head = current
+                .as_ref()
+                .map(|c| c.wstream)
+                .or(drain.as_ref().map(|d| d.wstream));
+            // Requests waiting behind a current one that has run for `hold` are taken back.
+            let reclaim_due = match &*current {
+                Some(c) if self.has_waiting() => later(c.started, self.hold),
+                _ => far,
+            };
             let cancel = current
                 .as_ref()
                 .filter(|c| !c.cancel_sent)
@@ -254,6 +458,12 @@ impl Relay {
                     let cur = current.as_mut().expect("busy");
                     self.send_cancel(cur).await?;
                 }
+                i = next_cancelled(&mut self.ahead), if !self.ahead.is_empty() => {
+                    self.cancel_ahead(i).await?;
+                }
+                _ = sleep_until(reclaim_due), if reclaim_due != far => {
+                    self.reclaim_all().await?;
+                }
                 _ = self.tick.tick() => {
                     if self.last_rx.elapsed() > ctx.keepalive_timeout() {
                         warn!("worker silent past keepalive_timeout");
@@ -271,17 +481,23 @@ impl Relay {
                         Some(Ok(frame)) => frame,
                     };
                     self.last_rx = TokioInstant::now();
+                    if frame.stream != 0 && Some(frame.stream) != head {
+                        // Only the answer to a reclaim comes out of turn.
+                        self.out_of_turn(frame)?;
+                        continue;
+                    }
                     match frame.kind {
                         Kind::Columns | Kind::Rows if drain.is_some() => {
-                            if frame.stream != WORKER_STREAM {
+                            if Some(frame.stream) != head {
                                 return Err("response frame on the wrong stream");
                             }
                         }
                         Kind::Columns | Kind::Rows => {
                             let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
-                            if frame.stream != WORKER_STREAM {
+                            if Some(frame.stream) != head {
                                 return Err("response frame on the wrong stream");
                             }
+                            cur.guard.set_dispatched();
                             // After a CANCEL nobody wants the data: only ERROR and END go on.
                             if cur.cancel_sent {
                                 cur.data_dropped = true;
@@ -290,7 +506,7 @@ impl Relay {
                             }
                         }
                         Kind::Error if drain.is_some() => {
-                            if frame.stream != WORKER_STREAM {
+                            if Some(frame.stream) != head {
                                 return Err("response frame on the wrong stream");
                             }
                             if let Some(dr) = drain.as_mut() {
@@ -299,9 +515,15 @@ impl Relay {
                         }
                         Kind::Error => {
                             let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
-                            if frame.stream != WORKER_STREAM {
+                            if Some(frame.stream) != head {
                                 return Err("response frame on the wrong stream");
                             }
+                            if cur.reclaimed && !cur.returned && never_ran(&frame) {
+                                // Taken back in time: queued again at its END, not answered.
+                                cur.returned = true;
+                                continue;
+                            }
+                            cur.guard.set_dispatched();
                             cur.errored = true;
                             if is_fatal(&frame) && !cur.fatal {
                                 // Before the client hears of it (and sends its next request):
@@ -316,9 +538,10 @@ impl Relay {
                             }
                         }
                         Kind::End => {
-                            if frame.stream != WORKER_STREAM {
+                            if Some(frame.stream) != head {
                                 return Err("response frame on the wrong stream");
                             }
+                            self.head_ws = None;
                             if let Some(dr) = drain.take() {
                                 info!(
                                     slot = self.slot, conn = dr.conn, stream = dr.stream,
@@ -328,13 +551,19 @@ impl Relay {
                                 if dr.fatal {
                                     return Err(WORKER_FATAL);
                                 }
+                                quit_sent |= self.next(current, drain, true).await?;
                             } else {
                                 let Some(cur) = current.take() else { return Err("response frame without a request") };
+                                if cur.returned {
+                                    self.requeue(cur);
+                                    quit_sent |= self.next(current, drain, false).await?;
+                                    continue;
+                                }
                                 if self.finish(cur, frame).await? {
                                     return Err(WORKER_FATAL);
                                 }
+                                quit_sent |= self.next(current, drain, true).await?;
                             }
-                            quit_sent |= self.advance(current, true).await?;
                         }
                         Kind::Ping => {
                             let Ok(ping) = frame.body::<Ping>() else { return Err("bad PING body") };
@@ -368,7 +597,9 @@ impl Relay {
                 }
                 job = self.jobs.recv(), if !busy => {
                     let Some(job) = job else { return Err("pool dropped the link") };
-                    if !self.start(current, job).await? {
+                    if self.start(current, job).await? {
+                        self.top_up(current).await?;
+                    } else {
                         // Skipped (cancelled meanwhile): the slot wants its next job.
                         quit_sent |= self.advance(current, false).await?;
                     }
@@ -384,11 +615,23 @@ impl Relay {
     /// Sends `job` to the worker. Ok(false): the job needed no worker after all
     /// (cancelled, its client gone, or the dispatcher aborting) and was answered.
     async fn start(&mut self, current: &mut Option<Current>, job: Job) -> Result<bool, &'static str> {
+        let Some(job) = self.skip(job) else { return Ok(false) };
+        let wstream = self.next_wstream();
+        let job = self.write_request(job, wstream).await?;
+        self.head_ws = Some(wstream);
+        self.ctx.metrics.pipeline.depth.observe(1.0);
+        *current = Some(self.become_current(job, wstream, false));
+        Ok(true)
+    }
+
+    /// The job, unless it needs no worker after all (cancelled, its client gone, or the
+    /// dispatcher aborting): then it is answered.
+    fn skip(&self, job: Job) -> Option<Job> {
         let ctx = &self.ctx;
         if job.guard.shared().closed.load(std::sync::atomic::Ordering::Relaxed) {
             ctx.metrics.outcome("cancelled");
             drop(job); // nobody to answer; the guard closes the stream
-            return Ok(false);
+            return None;
         }
         let skip = if job.cancel.is_cancelled() {
             Some((
@@ -405,42 +648,73 @@ impl Relay {
         } else {
             None
         };
-        if let Some((outcome, code, msg)) = skip {
-            fail_later(vec![job], ctx.metrics.clone(), outcome, code, msg);
-            return Ok(false);
+        match skip {
+            Some((outcome, code, msg)) => {
+                fail_later(vec![job], ctx.metrics.clone(), outcome, code, msg);
+                None
+            }
+            None => Some(job),
         }
-        let queue_time = job.received.elapsed();
-        ctx.metrics.queue_wait.observe(queue_time.as_secs_f64());
-        let limit = job
-            .timeout
-            .unwrap_or_else(|| ctx.request_timeout())
-            .min(ctx.request_timeout());
-        let deadline = TokioInstant::now() + limit;
-        let frame = job.frame.clone().with_stream(WORKER_STREAM);
+    }
+
+    fn next_wstream(&mut self) -> u32 {
+        self.last_wstream = self.last_wstream.checked_add(1).unwrap_or(1);
+        self.last_wstream
+    }
+
+    /// Writes the job's REQUEST to the worker on `wstream`. On a failure the job is given
+    /// back (it never ran) and the link ends.
+    async fn write_request(&mut self, job: Job, wstream: u32) -> Result<Job, &'static str> {
+        let frame = job.frame.clone().with_stream(wstream);
         // Bounded by the worker's liveness, not by the request's deadline: a large
         // REQUEST with a short timeout is a timeout (handled by the loop), not a
         // dead worker.
-        let sent = timeout(ctx.keepalive_timeout(), self.writer.send(frame)).await;
+        let sent = timeout(self.ctx.keepalive_timeout(), self.writer.send(frame)).await;
         if !matches!(sent, Ok(Ok(()))) {
             // It may be mid-way into the socket, but a worker reads a REQUEST
             // whole before it acts: the link closes now, so it never ran.
-            give_back(ctx, &self.pool, job);
+            give_back(&self.ctx, &self.pool, job);
             return Err(match sent {
                 Err(_) => "worker does not read",
                 // The worker closed its end: it is exiting; let it (exit status kept).
                 Ok(_) => WORKER_CLOSED,
             });
         }
+        Ok(job)
+    }
+
+    /// The job, written to the worker already, is the worker's current request from now:
+    /// its deadline counts from here. A `reclaimed` one is known to have reached the
+    /// database only once the worker sends anything but "never ran" for it.
+    fn become_current(&self, job: Job, wstream: u32, reclaimed: bool) -> Current {
+        let ctx = &self.ctx;
+        let queue_time = job.received.elapsed();
+        ctx.metrics.queue_wait.observe(queue_time.as_secs_f64());
+        let limit = job
+            .timeout
+            .unwrap_or_else(|| ctx.request_timeout())
+            .min(ctx.request_timeout());
+        let now = TokioInstant::now();
+        let deadline = later(now, limit);
         let mut guard = job.guard;
-        guard.set_dispatched();
-        let (digest, request) = (job.digest, job.frame);
+        if !reclaimed {
+            guard.set_dispatched();
+        }
         debug!(
             slot = self.slot,
             conn = guard.shared().id,
             stream = guard.stream(),
+            wstream,
             "dispatched"
         );
-        *current = Some(Current {
+        Current {
+            wstream,
+            started: now,
+            reclaimed,
+            returned: false,
+            timeout: job.timeout,
+            queue_deadline: job.queue_deadline,
+            attempts: job.attempts,
             guard,
             cancel: job.cancel,
             received: job.received,
@@ -453,10 +727,172 @@ impl Relay {
             fatal: false,
             stalled: false,
             data_dropped: false,
-            digest,
-            request,
-        });
-        Ok(true)
+            digest: job.digest,
+            request: job.frame,
+        }
+    }
+
+    /// After the current request ended (`served`: the worker ran it): the next one
+    /// written to the worker becomes current, or else the pool's next job, idle, or
+    /// QUIT_NOW. Ok(true): QUIT_NOW sent.
+    async fn next(
+        &mut self,
+        current: &mut Option<Current>,
+        drain: &mut Option<Draining>,
+        served: bool,
+    ) -> Result<bool, &'static str> {
+        let Some(a) = self.ahead.pop_front() else {
+            return self.advance(current, served).await;
+        };
+        let keep = self.pool.promote(self.slot, self.generation, served);
+        self.head_ws = Some(a.wstream);
+        match a.state {
+            AheadState::Waiting(job, _) => {
+                *current = Some(self.become_current(job, a.wstream, false));
+            }
+            AheadState::Reclaimed(job) => {
+                *current = Some(self.become_current(job, a.wstream, true));
+            }
+            AheadState::Answered { conn, stream } => {
+                // Its stream was answered at its CANCEL; the worker is busy with it until
+                // its END, bounded as any cancelled statement.
+                let now = TokioInstant::now();
+                *drain = Some(Draining {
+                    wstream: a.wstream,
+                    conn,
+                    stream,
+                    answered: now,
+                    hard: later(now, self.grace().saturating_mul(CANCEL_HARD_GRACES)),
+                    probed: now,
+                    fatal: false,
+                });
+                self.reclaim_all().await?;
+                return Ok(false);
+            }
+        }
+        if !keep {
+            // Retired or re-targeted meanwhile (failover, switchover, hold): what is
+            // behind goes back to the pool before the worker gets to it.
+            self.reclaim_all().await?;
+        } else {
+            self.top_up(current).await?;
+        }
+        Ok(false)
+    }
+
+    /// Prefetch: while requests wait, writes the next ones to the worker behind its
+    /// current request, up to `pool.pipeline_depth` in all, so that it finds them in its
+    /// socket when it ends the one it runs. Nothing goes behind a request that is being
+    /// cancelled, has run for `pool.pipeline_hold_ms`, or whose digest ran slow lately,
+    /// nor behind one taken back.
+    async fn top_up(&mut self, current: &Option<Current>) -> Result<(), &'static str> {
+        let Some(cur) = current else { return Ok(()) };
+        if self.depth <= 1 || cur.cancel_sent || cur.reclaimed || cur.started.elapsed() >= self.hold {
+            return Ok(());
+        }
+        let mut last_slow = self.known_slow(cur.digest.as_ref());
+        while 1 + self.ahead.len() < self.depth && !last_slow {
+            if self.ahead.iter().any(|a| !matches!(a.state, AheadState::Waiting(..))) {
+                return Ok(());
+            }
+            let Some(job) = self.pool.prefetch(self.slot, self.generation) else {
+                return Ok(());
+            };
+            let Some(job) = self.skip(job) else {
+                self.pool.unprefetch(self.slot, self.generation);
+                continue;
+            };
+            let wstream = self.next_wstream();
+            let job = self.write_request(job, wstream).await?;
+            last_slow = self.known_slow(job.digest.as_ref());
+            let cancelled = Box::pin(job.cancel.clone().cancelled_owned());
+            self.ahead.push_back(Ahead {
+                wstream,
+                state: AheadState::Waiting(job, cancelled),
+                never_ran: false,
+            });
+            let metrics = &self.ctx.metrics.pipeline;
+            metrics.prefetched.inc();
+            metrics.depth.observe((1 + self.ahead.len()) as f64);
+        }
+        Ok(())
+    }
+
+    /// Whether a statement with this digest ran over the slow threshold lately: it may
+    /// run long again, so nothing is written behind it.
+    fn known_slow(&self, digest: Option<&osprey_sql::Digest>) -> bool {
+        digest.is_some_and(|d| self.ctx.policy.intercept.ran_slow_lately(d.hash))
+    }
+
+    fn has_waiting(&self) -> bool {
+        self.ahead.iter().any(|a| matches!(a.state, AheadState::Waiting(..)))
+    }
+
+    /// Takes back every request waiting behind the current one (`CANCEL reclaim`): the
+    /// worker answers those it has not started as never run, and they are queued again.
+    async fn reclaim_all(&mut self) -> Result<(), &'static str> {
+        let mut streams = Vec::new();
+        for a in self.ahead.iter_mut() {
+            if let AheadState::Waiting(..) = a.state {
+                let AheadState::Waiting(job, _) =
+                    std::mem::replace(&mut a.state, AheadState::Answered { conn: 0, stream: 0 })
+                else {
+                    continue;
+                };
+                a.state = AheadState::Reclaimed(job);
+                streams.push(a.wstream);
+            }
+        }
+        if !streams.is_empty() {
+            debug!(
+                slot = self.slot,
+                count = streams.len(),
+                "taking back requests written ahead"
+            );
+        }
+        let reclaim = Cancel {
+            reason: osprey_protocol::CANCEL_RECLAIM.into(),
+        };
+        for ws in streams {
+            self.feed(Frame::new(Kind::Cancel, ws, &reclaim)).await?;
+        }
+        self.flush().await
+    }
+
+    /// The client of the request `i` places behind the current one cancelled it: it is
+    /// answered now (it may still run: it reached the worker), the worker is told to stop
+    /// it, and whatever the worker sends for it is dropped.
+    async fn cancel_ahead(&mut self, i: usize) -> Result<(), &'static str> {
+        let Some(a) = self.ahead.get_mut(i) else { return Ok(()) };
+        let AheadState::Waiting(job, _) = std::mem::replace(&mut a.state, AheadState::Answered { conn: 0, stream: 0 })
+        else {
+            return Ok(());
+        };
+        let (conn, stream) = (job.conn(), job.stream());
+        a.state = AheadState::Answered { conn, stream };
+        let wstream = a.wstream;
+        self.ctx.metrics.outcome("cancelled");
+        let mut guard = job.guard;
+        guard.set_dispatched();
+        let body = ErrorBody {
+            dispatched: true,
+            ..ErrorBody::undispatched(
+                Origin::Dispatcher,
+                ErrorCode::Cancelled,
+                "cancelled; it had been sent to a worker, behind another request, and may still run",
+            )
+        };
+        tokio::spawn(guard.fail(body));
+        // Out of the worker's queue if it is still there (answered at once); stopped with
+        // KILL QUERY if the worker has just started it.
+        let reclaim = Cancel {
+            reason: osprey_protocol::CANCEL_RECLAIM.into(),
+        };
+        self.feed(Frame::new(Kind::Cancel, wstream, &reclaim)).await?;
+        let cancel = Cancel {
+            reason: "client".into(),
+        };
+        self.write(Frame::new(Kind::Cancel, wstream, &cancel)).await
     }
 
     /// After a request: the next queued job, idle, or QUIT_NOW. Ok(true): QUIT_NOW sent.
@@ -465,6 +901,7 @@ impl Relay {
             match self.pool.next_job(self.slot, self.generation, served) {
                 Next::Job(job) => {
                     if self.start(current, job).await? {
+                        self.top_up(current).await?;
                         return Ok(false);
                     }
                     served = false;
@@ -721,7 +1158,10 @@ impl Relay {
             self.grace().saturating_mul(CANCEL_HARD_GRACES - 1),
         ));
         self.ping().await?;
+        // Nothing more may wait behind a statement that does not stop.
+        self.reclaim_all().await?;
         Ok(Draining {
+            wstream: cur.wstream,
             conn,
             stream,
             answered: TokioInstant::now(),
@@ -746,7 +1186,24 @@ impl Relay {
         let cancel = Cancel {
             reason: "client".into(),
         };
-        self.write(Frame::new(Kind::Cancel, WORKER_STREAM, &cancel)).await
+        self.write(Frame::new(Kind::Cancel, cur.wstream, &cancel)).await
+    }
+
+    /// Queues a control frame for the next [`Relay::flush`].
+    async fn feed(&mut self, frame: Frame) -> Result<(), &'static str> {
+        match timeout(self.ctx.keepalive_timeout(), self.writer.feed(frame)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(WORKER_CLOSED),
+            Err(_) => Err("worker does not read"),
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), &'static str> {
+        match timeout(self.ctx.keepalive_timeout(), SinkExt::<Frame>::flush(&mut self.writer)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(WORKER_CLOSED),
+            Err(_) => Err("worker does not read"),
+        }
     }
 
     /// Writes a control frame. These are small; a worker that cannot take one
@@ -762,8 +1219,14 @@ impl Relay {
 }
 
 /// Hands a job that never reached its worker to another one.
-fn give_back(ctx: &Ctx, pool: &Arc<Pool>, mut job: Job) {
-    job.attempts += 1;
+fn give_back(ctx: &Ctx, pool: &Arc<Pool>, job: Job) {
+    give_back_counted(ctx, pool, job, true)
+}
+
+/// [`give_back`]; `vanished`: its worker vanished (counts towards
+/// [`MAX_DISPATCH_ATTEMPTS`]), rather than handing it back alive (a reclaim).
+fn give_back_counted(ctx: &Ctx, pool: &Arc<Pool>, mut job: Job, vanished: bool) {
+    job.attempts += u32::from(vanished);
     let failed: Option<(Job, &'static str, ErrorCode, Cow<'static, str>)> = if job.attempts >= MAX_DISPATCH_ATTEMPTS {
         Some((
             job,
@@ -802,6 +1265,29 @@ fn give_back(ctx: &Ctx, pool: &Arc<Pool>, mut job: Job) {
 fn later(at: TokioInstant, d: Duration) -> TokioInstant {
     at.checked_add(d)
         .unwrap_or_else(|| at + Duration::from_secs(86_400 * 365))
+}
+
+/// Whether an ERROR frame from the worker says it never ran the request (the answer to a
+/// reclaim: "stopped before it started", dispatched=false).
+fn never_ran(frame: &Frame) -> bool {
+    frame
+        .body::<ErrorBody>()
+        .is_ok_and(|e| !e.dispatched && e.code == ErrorCode::Cancelled)
+}
+
+/// Ends with the index of the first request behind the current one whose client
+/// cancelled it.
+fn next_cancelled(ahead: &mut VecDeque<Ahead>) -> impl std::future::Future<Output = usize> + '_ {
+    std::future::poll_fn(move |cx| {
+        for (i, a) in ahead.iter_mut().enumerate() {
+            if let AheadState::Waiting(_, cancelled) = &mut a.state {
+                if std::future::Future::poll(cancelled.as_mut(), cx).is_ready() {
+                    return Poll::Ready(i);
+                }
+            }
+        }
+        Poll::Pending
+    })
 }
 
 /// Whether an ERROR frame from the worker says its session is gone (it exits next).

@@ -45,6 +45,8 @@ async fn recycling_under_load_is_invisible_to_clients() {
     const TOTAL: u64 = 20_000;
     const MAX_REQUESTS: u64 = 50;
     const SIZE: u64 = 8;
+    // `pool.pipeline_depth`: the default.
+    const PIPELINE_DEPTH: u64 = 4;
     let c = cluster(&format!("[pool]\nsize = {SIZE}\nmax_requests = {MAX_REQUESTS}\n")).await;
     point_table(&c).await;
     let clients: Vec<Client> = futures::future::join_all((0..4).map(|_| client(&c))).await;
@@ -95,11 +97,13 @@ async fn recycling_under_load_is_invisible_to_clients() {
         TOTAL as f64 / elapsed.as_secs_f64(),
         counter(&after, "fatal_exits")
     );
-    // A worker asks to retire after its 50th request; one REQUEST may cross its
-    // QUIT_REQUEST on the wire and must still be served, so one worker life serves at most
-    // 51 requests. 20 000 requests therefore need at least ceil(20000/51) = 393 lives, of
-    // which at most 8 (the workers alive at the end) have not retired.
-    let bound = TOTAL.div_ceil(MAX_REQUESTS + 1) - SIZE;
+    // A worker asks to retire after its 50th request. By then its link may have written
+    // the next `pipeline_depth` requests to it (prefetch: the current one and those behind,
+    // written as the 50th ended), which it must still serve, so one worker life serves at
+    // most 50 + depth requests (with depth 1: one REQUEST crossing the QUIT_REQUEST).
+    // 20 000 requests therefore need at least ceil(20000/54) = 371 lives, of which at most
+    // 8 (the workers alive at the end) have not retired.
+    let bound = TOTAL.div_ceil(MAX_REQUESTS + PIPELINE_DEPTH) - SIZE;
     assert!(recycles >= bound, "recycles {recycles} < {bound}");
     // Every retired worker was replaced (the pool is full and idle again, so no retired
     // worker is still on its way out), and no worker died or was refused for another reason.

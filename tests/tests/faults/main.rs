@@ -20,6 +20,7 @@ mod flow_control;
 mod hangs;
 mod keepalive;
 mod malformed;
+mod pipeline;
 mod raw;
 mod slow_client;
 mod spec_rules;

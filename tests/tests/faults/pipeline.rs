@@ -1,0 +1,283 @@
+//! Prefetch (`pool.pipeline_depth`): requests written to a busy worker behind the one it
+//! runs. Order and isolation under load, a worker killed with a full pipeline, a slow
+//! statement that must not hold the requests behind it, and a cancel of one that waits.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use osprey_client::{Client, ErrorCode, Value};
+use osprey_protocol::{Cancel, ErrorBody, Frame, Kind};
+use osprey_tests::harness::{wait_for, Dispatcher};
+use serde_json::Value as Json;
+
+use crate::raw::{request, Got, Raw};
+use crate::{assert_closed_loop, cluster, describe, metric, ms, serial, slots};
+
+/// The `pipeline` figure (requests written to the worker) of every slot.
+async fn pipelines(d: &Dispatcher) -> Vec<u64> {
+    let s: Json = d.status().await.expect("status");
+    s["slots"]
+        .as_array()
+        .expect("slots")
+        .iter()
+        .map(|s| s["pipeline"].as_u64().expect("slot.pipeline"))
+        .collect()
+}
+
+async fn wait_pipeline(d: &Dispatcher, want: u64, limit: Duration) {
+    wait_for(limit, &format!("a slot with {want} requests written to it"), || async {
+        pipelines(d).await.contains(&want).then_some(())
+    })
+    .await
+    .expect("pipeline filled");
+}
+
+/// Thousands of mixed reads and writes from many streams on two workers with prefetch on:
+/// every answer is its own request's (ids in the SQL), no error, every write landed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetched_requests_keep_their_order_and_their_answers() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 2\npipeline_depth = 4\nmax_per_connection = 0\n").await;
+    let d = &c.dispatcher;
+    let setup = d.client().await.unwrap();
+    setup
+        .execute("CREATE TABLE pipe (id INT PRIMARY KEY, who VARCHAR(40))", &[])
+        .await
+        .unwrap();
+    let clients = [d.client().await.unwrap(), d.client().await.unwrap()];
+    const TASKS: usize = 16;
+    const EACH: usize = 150;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let client: Client = clients[t % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                let id = (t * EACH + i) as i64;
+                match i % 3 {
+                    0 => {
+                        let r = client
+                            .execute(
+                                "INSERT INTO pipe VALUES (?, ?)",
+                                &[Value::Int(id), format!("t{t}-{i}").into()],
+                            )
+                            .await
+                            .map_err(|e| format!("insert {id}: {}", describe(&e)))?;
+                        if r.affected_rows != 1 {
+                            return Err(format!("insert {id}: {} rows", r.affected_rows));
+                        }
+                    }
+                    1 => {
+                        let sql = format!("SELECT {id} AS id, CONCAT('r', {id}) AS tag");
+                        let r: Option<(i64, String)> = client
+                            .query_first(sql, &[])
+                            .await
+                            .map_err(|e| format!("select {id}: {}", describe(&e)))?;
+                        if r != Some((id, format!("r{id}"))) {
+                            return Err(format!("select {id} answered {r:?}"));
+                        }
+                    }
+                    _ => {
+                        // Reads back the row this task inserted just before (same session or not).
+                        let prev = id - 2;
+                        let r: Option<(String,)> = client
+                            .query_first("SELECT who FROM pipe WHERE id = ?", &[Value::Int(prev)])
+                            .await
+                            .map_err(|e| format!("read {prev}: {}", describe(&e)))?;
+                        let want = format!("t{t}-{}", i - 2);
+                        if r.as_ref().map(|r| &r.0) != Some(&want) {
+                            return Err(format!("read {prev} answered {r:?}, wanted {want}"));
+                        }
+                    }
+                }
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    let mut failures = Vec::new();
+    for t in tasks {
+        if let Err(e) = t.await.unwrap() {
+            failures.push(e);
+        }
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        failures.is_empty(),
+        "{} tasks failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    let rows: Option<(i64,)> = setup.query_first("SELECT COUNT(*) FROM pipe", &[]).await.unwrap();
+    assert_eq!(
+        rows,
+        Some(((TASKS * EACH).div_ceil(3) as i64,)),
+        "every insert landed once"
+    );
+    let prefetched = metric(d, "osprey_pipeline_prefetched_total").await;
+    println!(
+        "{} requests on 2 workers in {:?}; {prefetched} written to a busy worker",
+        TASKS * EACH,
+        elapsed
+    );
+    assert!(
+        prefetched > 0.0,
+        "16 streams on 2 workers must have had requests written ahead"
+    );
+    assert_closed_loop(&c, &[&setup, &clients[0], &clients[1]], 2).await;
+}
+
+/// kill -9 of a worker with four requests written to it: the one it ran ends with
+/// WORKER_LOST (dispatched), the three behind it run on the fresh worker without an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_with_a_full_pipeline_loses_only_the_request_it_ran() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\npipeline_depth = 4\npipeline_hold_ms = 60000\nmax_per_connection = 0\n").await;
+    let d = &c.dispatcher;
+    let client = Arc::new(d.client().await.unwrap());
+    let spawn = |sql: String| {
+        let client = client.clone();
+        tokio::spawn(async move { client.query_first::<(i64,)>(sql, &[]).await })
+    };
+    // The worker is busy first, so that the next four wait in the queue; when it ends that
+    // one, its link takes the sleeper and writes the three behind it at once.
+    let first = spawn("SELECT SLEEP(1)".into());
+    wait_pipeline(d, 1, Duration::from_secs(5)).await;
+    let sleeper = spawn("SELECT SLEEP(30)".into());
+    wait_for(Duration::from_secs(5), "the sleeper queued", || async {
+        let s = d.status().await.ok()?;
+        (s["pool"]["queue_depth"].as_u64()? >= 1).then_some(())
+    })
+    .await
+    .expect("queued");
+    let behind: Vec<_> = (1..=3i64).map(|i| spawn(format!("SELECT {i}"))).collect();
+    assert!(first.await.unwrap().is_ok(), "the first request");
+    wait_pipeline(d, 4, Duration::from_secs(5)).await;
+    let pid = slots(d).await[0].pid.expect("worker pid");
+    let t = Instant::now();
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+
+    let err = sleeper.await.unwrap().expect_err("the request the worker ran");
+    assert_eq!(err.code(), ErrorCode::WorkerLost, "{}", describe(&err));
+    assert!(err.dispatched(), "it was running: {}", describe(&err));
+    for (i, b) in behind.into_iter().enumerate() {
+        let got = b
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("request {} behind it: {}", i + 1, describe(&e)));
+        assert_eq!(got, Some((i as i64 + 1,)), "request {} behind it", i + 1);
+    }
+    println!("the three behind it answered {} ms after the kill", ms(t));
+    assert_closed_loop(&c, &[&client], 1).await;
+}
+
+/// A slow statement with requests written behind it: they are taken back within
+/// `pipeline_hold_ms` and run on the other worker, long before the slow one ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_statement_does_not_hold_the_requests_written_behind_it() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 2\npipeline_depth = 8\npipeline_hold_ms = 20\nmax_per_connection = 0\n").await;
+    let d = &c.dispatcher;
+    let client = Arc::new(d.client().await.unwrap());
+    let spawn = |sql: String| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let r = client.query_first::<(i64,)>(sql, &[]).await;
+            (r, t.elapsed())
+        })
+    };
+    // Both workers busy; then the slow one and the fast ones queue behind them in that order,
+    // so that the link that takes the slow one writes fast ones behind it.
+    let busy: Vec<_> = (0..2).map(|_| spawn("SELECT SLEEP(0.5)".into())).collect();
+    wait_for(Duration::from_secs(5), "both workers busy", || async {
+        (pipelines(d).await.iter().filter(|p| **p >= 1).count() == 2).then_some(())
+    })
+    .await
+    .expect("busy");
+    let slow = spawn("SELECT SLEEP(3)".into());
+    wait_for(Duration::from_secs(5), "the slow one queued", || async {
+        let s = d.status().await.ok()?;
+        (s["pool"]["queue_depth"].as_u64()? >= 1).then_some(())
+    })
+    .await
+    .expect("queued");
+    let fast: Vec<_> = (0..30i64).map(|i| spawn(format!("SELECT {i}"))).collect();
+    for b in busy {
+        assert!(b.await.unwrap().0.is_ok());
+    }
+    let mut worst = Duration::ZERO;
+    for (i, f) in fast.into_iter().enumerate() {
+        let (r, took) = f.await.unwrap();
+        let got = r.unwrap_or_else(|e| panic!("fast {i}: {}", describe(&e)));
+        assert_eq!(got, Some((i as i64,)));
+        worst = worst.max(took);
+    }
+    let (r, slow_took) = slow.await.unwrap();
+    assert!(r.is_ok(), "the slow one");
+    let reclaimed = metric(d, "osprey_pipeline_reclaimed_total").await;
+    println!("slowest fast request {worst:?}, slow one {slow_took:?}, {reclaimed} taken back");
+    assert!(
+        reclaimed >= 1.0,
+        "requests were written behind the slow one and taken back"
+    );
+    // Queued behind two 0.5 s sleeps: about 0.5 s; stuck behind the 3 s one: over 2.5 s.
+    assert!(
+        worst < Duration::from_millis(2000),
+        "a fast request waited {worst:?}: held behind the slow statement"
+    );
+    assert_closed_loop(&c, &[&client], 2).await;
+}
+
+/// A CANCEL of a request written behind the running one is answered at once (CANCELLED,
+/// dispatched: it reached the worker), the running one is unharmed, and the worker skips it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_request_waiting_behind_another_is_answered_at_once() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\npipeline_depth = 4\npipeline_hold_ms = 60000\nmax_per_connection = 0\n").await;
+    let d = &c.dispatcher;
+    let (mut raw, _ack) = Raw::open(d.client_addr, &d.client_token).await;
+    raw.send(request(1, "SELECT SLEEP(0.5)")).await;
+    wait_pipeline(d, 1, Duration::from_secs(5)).await;
+    raw.send(request(3, "SELECT SLEEP(2), 3")).await;
+    raw.send(request(5, "SELECT 5")).await;
+    wait_pipeline(d, 2, Duration::from_secs(5)).await;
+    let t = Instant::now();
+    raw.send(Frame::new(Kind::Cancel, 5, &Cancel { reason: "test".into() }))
+        .await;
+    let mut ended = Vec::new();
+    let mut cancelled = None;
+    while ended.len() < 3 {
+        match raw.next(Duration::from_secs(10)).await {
+            Got::Frame(f) if f.kind == Kind::Error && f.stream == 5 => {
+                let body: ErrorBody = f.body().unwrap();
+                cancelled = Some((body, t.elapsed()));
+            }
+            Got::Frame(f) if f.kind == Kind::Error => panic!("stream {}: {:?}", f.stream, f.body::<ErrorBody>()),
+            Got::Frame(f) if f.kind == Kind::End => ended.push((f.stream, t.elapsed())),
+            Got::Frame(_) => {}
+            Got::Closed => panic!("connection closed"),
+        }
+    }
+    let (body, after) = cancelled.expect("ERROR for the cancelled stream");
+    assert_eq!(body.code, ErrorCode::Cancelled, "{body:?}");
+    assert!(body.dispatched, "it had reached the worker: {body:?}");
+    let order: Vec<u32> = ended.iter().map(|e| e.0).collect();
+    assert_eq!(
+        order,
+        vec![1, 5, 3],
+        "the cancelled one ends before the one it waited behind"
+    );
+    assert!(
+        after < Duration::from_millis(1000),
+        "answered {after:?} after its CANCEL"
+    );
+    println!(
+        "cancelled stream answered after {after:?}; the running one ended after {:?}",
+        ended[2].1
+    );
+    raw.expect_query_ok(7, "SELECT 7").await;
+    drop(raw);
+    assert_closed_loop(&c, &[], 1).await;
+}
