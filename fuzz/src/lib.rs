@@ -81,6 +81,7 @@ pub fn check_body_of_kind(kind: Kind, payload: Bytes) {
         Kind::GoAway => drop(decoded::<GoAway>(&frame)),
         Kind::QuitRequest => drop(decoded::<QuitRequest>(&frame)),
         Kind::QuitNow => drop(decoded::<QuitNow>(&frame)),
+        Kind::Started => drop(decoded::<Started>(&frame)),
         Kind::Cancel => drop(decoded::<Cancel>(&frame)),
         Kind::Ready => drop(decoded::<Ready>(&frame)),
         Kind::Window => drop(decoded::<Window>(&frame)),

@@ -208,6 +208,13 @@ pub struct QuitRequest {
 #[serde(remote = "Self")]
 pub struct QuitNow {}
 
+/// `STARTED` (a stream, worker to dispatcher, 1.4): the worker is about to send the
+/// stream's statement to its database while the `END` of an earlier stream is still to
+/// come (pipelining). Empty map.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
+pub struct Started {}
+
 /// `READY` (stream 0, worker to dispatcher): the worker's database session is open.
 /// Only a ready worker is given requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -576,6 +583,7 @@ named_bodies!(
     GoAway,
     QuitRequest,
     QuitNow,
+    Started,
     Ready,
     Cancel,
     Window,

@@ -62,6 +62,9 @@ kinds! {
     Ready = 0x09,
     /// Per-stream flow control: the client grants more data frames on one stream.
     Window = 0x0A,
+    /// A pipelining worker is about to send this request's statement to its database
+    /// while it still answers an earlier one (1.4): from now on it may have run.
+    Started = 0x0B,
     /// Opens a stream with a SQL request.
     Request = 0x10,
     /// Result-set metadata.

@@ -344,6 +344,7 @@ fn kind_codes_are_the_documented_ones() {
         (Kind::Cancel, 0x08, false),
         (Kind::Ready, 0x09, true),
         (Kind::Window, 0x0a, false),
+        (Kind::Started, 0x0b, false),
         (Kind::Request, 0x10, false),
         (Kind::Columns, 0x11, false),
         (Kind::Rows, 0x12, false),

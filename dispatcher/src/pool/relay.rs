@@ -117,6 +117,9 @@ struct Ahead {
     /// The worker answered it as never run (it took it out of its queue at a reclaim):
     /// its `END` follows, out of turn.
     never_ran: bool,
+    /// The worker said `STARTED` for it (a pipelining worker sent its statement to the
+    /// database already): it may have run, so it is never taken back or queued again.
+    started: bool,
 }
 
 enum AheadState {
@@ -222,7 +225,7 @@ impl Relay {
         // Requests behind the current one never ran, unless the worker had ended the ones
         // before them in frames still unread: those are read first (the worker is dying).
         let mut lost = Vec::new();
-        if !self.ahead.is_empty() && why != WORKER_CLOSED {
+        if !self.ahead.is_empty() {
             lost = self.settle_ahead(head, &mut current).await;
         }
         if let Some(cur) = current.take() {
@@ -308,7 +311,7 @@ impl Relay {
                         }
                     } else if let Some(a) = self.ahead.pop_front() {
                         match a.state {
-                            AheadState::Waiting(job, _) | AheadState::Reclaimed(job) if never_ran => {
+                            AheadState::Waiting(job, _) | AheadState::Reclaimed(job) if never_ran && !a.started => {
                                 self.ctx.metrics.pipeline.reclaimed.inc();
                                 give_back_counted(&self.ctx, &self.pool, job, false);
                             }
@@ -330,18 +333,36 @@ impl Relay {
                 }
             }
         }
+        // A pipelining worker sent these to its database: they may have run.
+        let mut i = 0;
+        while i < self.ahead.len() {
+            if !self.ahead[i].started {
+                i += 1;
+                continue;
+            }
+            if let Some(a) = self.ahead.remove(i) {
+                if let AheadState::Waiting(job, _) | AheadState::Reclaimed(job) = a.state {
+                    lost.push(job.guard);
+                }
+            }
+        }
         lost
     }
 
-    /// A frame for a request behind the current one: the worker took it out of its queue
-    /// at a reclaim and answered it at once (ERROR "never ran", then END). Anything else
-    /// out of turn is a broken worker.
+    /// A frame for a request behind the current one: `STARTED` (a pipelining worker sent
+    /// its statement to the database), or the answer to a reclaim, which the worker gives
+    /// at once for one still in its queue (ERROR "never ran", then END). Anything else out
+    /// of turn is a broken worker.
     fn out_of_turn(&mut self, frame: Frame) -> Result<(), &'static str> {
         let Some(i) = self.ahead.iter().position(|a| a.wstream == frame.stream) else {
             return Err("response frame on the wrong stream");
         };
         let a = &mut self.ahead[i];
-        if matches!(a.state, AheadState::Waiting(..)) {
+        if frame.kind == Kind::Started {
+            a.started = true;
+            return Ok(());
+        }
+        if matches!(a.state, AheadState::Waiting(..)) || a.started {
             return Err("response frame out of turn");
         }
         match frame.kind {
@@ -565,6 +586,8 @@ impl Relay {
                                 quit_sent |= self.next(current, drain, true).await?;
                             }
                         }
+                        // For the current request: it runs (or may) already.
+                        Kind::Started => {}
                         Kind::Ping => {
                             let Ok(ping) = frame.body::<Ping>() else { return Err("bad PING body") };
                             self.write(Frame::new(Kind::Pong, 0, &ping)).await?;
@@ -810,6 +833,7 @@ impl Relay {
                 wstream,
                 state: AheadState::Waiting(job, cancelled),
                 never_ran: false,
+                started: false,
             });
             let metrics = &self.ctx.metrics.pipeline;
             metrics.prefetched.inc();
@@ -825,14 +849,16 @@ impl Relay {
     }
 
     fn has_waiting(&self) -> bool {
-        self.ahead.iter().any(|a| matches!(a.state, AheadState::Waiting(..)))
+        self.ahead
+            .iter()
+            .any(|a| !a.started && matches!(a.state, AheadState::Waiting(..)))
     }
 
     /// Takes back every request waiting behind the current one (`CANCEL reclaim`): the
     /// worker answers those it has not started as never run, and they are queued again.
     async fn reclaim_all(&mut self) -> Result<(), &'static str> {
         let mut streams = Vec::new();
-        for a in self.ahead.iter_mut() {
+        for a in self.ahead.iter_mut().filter(|a| !a.started) {
             if let AheadState::Waiting(..) = a.state {
                 let AheadState::Waiting(job, _) =
                     std::mem::replace(&mut a.state, AheadState::Answered { conn: 0, stream: 0 })

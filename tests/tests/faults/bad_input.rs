@@ -179,7 +179,7 @@ async fn huge_length(addr: SocketAddr, token: &str) {
 
 async fn unknown_kind(addr: SocketAddr, token: &str) {
     let (mut raw, _) = Raw::open(addr, token).await;
-    let mut frame = header(1, 0x0b, 1).to_vec();
+    let mut frame = header(1, 0x0c, 1).to_vec();
     frame.push(0x80);
     raw.send_bytes(&frame).await;
     raw.expect_conn_error(ErrorCode::UnknownKind).await;
