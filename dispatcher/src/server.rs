@@ -400,6 +400,11 @@ fn reload(
             if new.replica_size() != ctx.config.replica_size() {
                 warn!("SIGHUP: pool.replica_size needs a restart; the read slots keep their size");
             }
+            if (new.pool.pipeline_depth, new.pool.pipeline_hold_ms)
+                != (ctx.config.pool.pipeline_depth, ctx.config.pool.pipeline_hold_ms)
+            {
+                warn!("SIGHUP: pool.pipeline_depth and pool.pipeline_hold_ms need a restart; kept as they are");
+            }
             if size != *file_size && size != ctx.pool.target_size() {
                 info!(size, "SIGHUP: resizing pool");
                 supervisor.resize(size);

@@ -150,6 +150,7 @@ worker_log = "warn"
         admin = free_addr(),
     );
     let mut table: toml::Table = base.parse().expect("base config parses");
+    crate::harness::pipeline_depth_from_env(&mut table);
     let extra: toml::Table = overrides.parse().expect("override TOML parses");
     crate::harness::merge(&mut table, extra);
     table

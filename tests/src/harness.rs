@@ -106,6 +106,7 @@ database = "{db}"
             db = backend.database(),
         );
         let mut table: toml::Table = base.parse().expect("base config parses");
+        pipeline_depth_from_env(&mut table);
         let extra: toml::Table = overrides.parse().expect("override TOML parses");
         merge(&mut table, extra);
         table
@@ -367,6 +368,23 @@ pub fn merge(base: &mut toml::Table, extra: toml::Table) {
             }
         }
     }
+}
+
+/// `OSPREY_TEST_PIPELINE_DEPTH`, when set, is every test dispatcher's `pool.pipeline_depth`
+/// (a test's own overrides still win): CI runs the fault suite again with 1 (no prefetch)
+/// beside the default.
+pub fn pipeline_depth_from_env(table: &mut toml::Table) {
+    let Some(depth) = std::env::var("OSPREY_TEST_PIPELINE_DEPTH")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    else {
+        return;
+    };
+    let mut pool = toml::Table::new();
+    pool.insert("pipeline_depth".into(), toml::Value::Integer(depth));
+    let mut extra = toml::Table::new();
+    extra.insert("pool".into(), toml::Value::Table(pool));
+    merge(table, extra);
 }
 
 /// A sandbox with a primary and no replica, plus a dispatcher in front of it.

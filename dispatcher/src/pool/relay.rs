@@ -770,6 +770,14 @@ impl Relay {
         let keep = self.pool.promote(self.slot, self.generation, served);
         self.head_ws = Some(a.wstream);
         match a.state {
+            AheadState::Waiting(job, _) if !keep && !a.started => {
+                // It may not have started yet: taken back with the rest.
+                *current = Some(self.become_current(job, a.wstream, true));
+                let reclaim = Cancel {
+                    reason: osprey_protocol::CANCEL_RECLAIM.into(),
+                };
+                self.feed(Frame::new(Kind::Cancel, a.wstream, &reclaim)).await?;
+            }
             AheadState::Waiting(job, _) => {
                 *current = Some(self.become_current(job, a.wstream, false));
             }

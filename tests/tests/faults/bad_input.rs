@@ -183,6 +183,11 @@ async fn unknown_kind(addr: SocketAddr, token: &str) {
     frame.push(0x80);
     raw.send_bytes(&frame).await;
     raw.expect_conn_error(ErrorCode::UnknownKind).await;
+    // STARTED (1.4) is a worker's frame: from a client it is a protocol violation.
+    let (mut raw, _) = Raw::open(addr, token).await;
+    raw.send(Frame::new(Kind::Started, 1, &osprey_protocol::Started {}))
+        .await;
+    raw.expect_conn_error(ErrorCode::ProtocolViolation).await;
 }
 
 /// HELLO with another major version, a wrong token, a REQUEST before HELLO.
