@@ -959,6 +959,9 @@ struct Slot {
     backend: Option<String>,
     #[serde(default)]
     db_connection_id: Option<u64>,
+    /// Requests written to the worker (prefetch), the current one included; absent before 1.4.
+    #[serde(default)]
+    pipeline: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1006,10 +1009,12 @@ fn render_status(st: &Status) -> String {
         out.push_str(&format!("streams: {} opened, {} closed\n", s.opened, s.closed));
     }
     out.push('\n');
-    let header: Vec<String> = ["slot", "pid", "state", "requests", "age", "backend", "db conn"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let header: Vec<String> = [
+        "slot", "pid", "state", "requests", "age", "backend", "db conn", "pipeline",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let dash = || "-".to_string();
     let rows: Vec<Vec<String>> = st
         .slots
@@ -1023,6 +1028,7 @@ fn render_status(st: &Status) -> String {
                 format!("{:.1}s", s.age_s),
                 s.backend.clone().unwrap_or_else(dash),
                 s.db_connection_id.map_or_else(dash, |i| i.to_string()),
+                s.pipeline.map_or_else(dash, |p| p.to_string()),
             ]
         })
         .collect();
@@ -1080,13 +1086,14 @@ mod tests {
     fn status_renders_starting_slots() {
         let body = r#"{"version":"0.1.0","pid":123,"uptime_s":12.5,"draining":false,
            "pool":{"size":2,"idle":1,"busy":0,"starting":1,"quitting":0,"queue_depth":0,"queue_capacity":1024,"respawns":0,"recycles":0,"fatal_exits":0},
-           "slots":[{"slot":0,"pid":4242,"state":"idle","requests":10,"age_s":3.2,"backend":"primary","db_connection_id":17},
+           "slots":[{"slot":0,"pid":4242,"state":"idle","requests":10,"age_s":3.2,"backend":"primary","db_connection_id":17,"pipeline":0},
                     {"slot":1,"pid":null,"state":"starting","requests":0,"age_s":0.0,"backend":"primary","db_connection_id":null}],
            "clients":{"connections":1,"open_streams":0},"streams":{"opened":10,"closed":10}}"#;
         let st: Status = serde_json::from_str(body).unwrap();
         let out = render_status(&st);
         assert!(out.contains("pool: size 2 | idle 1"), "{out}");
         assert!(out.contains("0    | 4242 | idle"), "{out}");
+        assert!(out.contains("| 17      | 0"), "the pipeline figure: {out}");
         assert!(out.contains("1    | -    | starting"), "{out}");
     }
 }
