@@ -304,6 +304,12 @@ impl StreamGuard {
         self.dispatched = true;
     }
 
+    /// The worker it was handed to answered that it never ran it (it was taken back
+    /// before it started): it has not reached a database after all.
+    pub fn set_undispatched(&mut self) {
+        self.dispatched = false;
+    }
+
     pub fn dispatched(&self) -> bool {
         self.dispatched
     }

@@ -41,6 +41,12 @@ const WORKER_FATAL: &str = "worker reported a fatal database error";
 /// the requests it started from those it never did (see [`Relay::settle_ahead`]).
 const SETTLE_AFTER_KILL: Duration = Duration::from_secs(2);
 
+/// While a slow client holds a worker link with requests written behind its current one,
+/// the link reads on up to this many bytes of the worker's frames (kept for later, in
+/// order) to reach the worker's answers to reclaims, which follow the row batch it was
+/// writing (`pool.batch_bytes`, 256 KiB by default) and what the socket holds.
+const STASH_BYTES: usize = 1024 * 1024;
+
 /// A cancelled statement still running this many `cancel_grace_ms` after its CANCEL gets
 /// its worker killed, however alive the worker is (see [`Draining`]).
 pub const CANCEL_HARD_GRACES: u32 = 5;
@@ -170,6 +176,13 @@ pub struct Relay {
     /// The stream id of the request the worker runs: written, and its END not yet seen
     /// (kept when the dispatcher answers it without the worker, e.g. at a timeout).
     head_ws: Option<u32>,
+    /// Frames of the worker's read while a slow client held the relay (see
+    /// [`Relay::side_work`]), to act on next, in order; their bytes (bounded by
+    /// [`STASH_BYTES`]); and whether the current request's END is among them (then all that
+    /// follows is kept in order too).
+    stash: VecDeque<Frame>,
+    stash_bytes: usize,
+    stash_ended: bool,
 }
 
 impl Relay {
@@ -208,6 +221,9 @@ impl Relay {
             hold,
             last_wstream: 0,
             head_ws: None,
+            stash: VecDeque::new(),
+            stash_bytes: 0,
+            stash_ended: false,
         }
     }
 
@@ -249,10 +265,13 @@ impl Relay {
             };
             tokio::spawn(guard.fail(body));
         }
-        // What is still ahead never reached the database: another worker gets it.
+        // What is still ahead never reached the database: another worker gets it. Not an
+        // attempt of theirs: their worker did not vanish with them on it.
         for a in std::mem::take(&mut self.ahead) {
             match a.state {
-                AheadState::Waiting(job, _) | AheadState::Reclaimed(job) => give_back(&ctx, &self.pool, job),
+                AheadState::Waiting(job, _) | AheadState::Reclaimed(job) => {
+                    give_back_counted(&ctx, &self.pool, job, false)
+                }
                 AheadState::Answered { .. } => {}
             }
         }
@@ -282,12 +301,20 @@ impl Relay {
     async fn settle_ahead(&mut self, head: Option<u32>, current: &mut Option<Current>) -> Vec<StreamGuard> {
         let mut lost = Vec::new();
         let until = TokioInstant::now() + SETTLE_AFTER_KILL;
-        let mut at = head;
+        // The frames that come now are the head's (its END not seen yet), or, once it has
+        // ended, those of the first request behind it, which may have started.
+        let mut at_head = head.is_some();
+        let mut at = head.or_else(|| self.ahead.front().map(|a| a.wstream));
         let mut never_ran = false;
+        let mut closed = false;
         while let Some(ws) = at {
             let frame = match tokio::time::timeout_at(until, self.reader.next()).await {
                 Ok(Some(Ok(frame))) => frame,
-                _ => break,
+                Ok(_) => {
+                    closed = true;
+                    break;
+                }
+                Err(_) => break,
             };
             if frame.stream == 0 {
                 continue;
@@ -301,7 +328,8 @@ impl Relay {
             match frame.kind {
                 Kind::Error => never_ran = frame.body::<ErrorBody>().is_ok_and(|e| !e.dispatched),
                 Kind::End => {
-                    if Some(ws) == head {
+                    if at_head {
+                        at_head = false;
                         if let Some(cur) = current.take() {
                             if cur.returned || (cur.reclaimed && never_ran) {
                                 self.requeue(cur);
@@ -325,11 +353,17 @@ impl Relay {
                 _ => {}
             }
         }
-        if at.is_some() && at != head {
+        // The first not ended behind the head may have started; with no EOF (the worker
+        // still not dead after the bound) nothing behind can be vouched for.
+        let maybe_started = match (at.is_some() && !at_head, closed) {
+            (_, false) => self.ahead.len(),
+            (true, true) => 1,
+            (false, true) => 0,
+        };
+        for _ in 0..maybe_started {
             if let Some(a) = self.ahead.pop_front() {
-                match a.state {
-                    AheadState::Waiting(job, _) | AheadState::Reclaimed(job) => lost.push(job.guard),
-                    AheadState::Answered { .. } => {}
+                if let AheadState::Waiting(job, _) | AheadState::Reclaimed(job) = a.state {
+                    lost.push(job.guard);
                 }
             }
         }
@@ -372,11 +406,13 @@ impl Relay {
             }
             Kind::End if a.never_ran => {
                 if let Some(a) = self.ahead.remove(i) {
-                    self.pool.unprefetch_at(self.slot, self.generation, i);
+                    // Back at the front of its connection's queue before its holder is
+                    // released, so that a later request of the connection cannot pass it.
                     if let AheadState::Reclaimed(job) = a.state {
                         self.ctx.metrics.pipeline.reclaimed.inc();
                         give_back_counted(&self.ctx, &self.pool, job, false);
                     }
+                    self.pool.unprefetch_at(self.slot, self.generation, i);
                 }
                 Ok(())
             }
@@ -385,8 +421,9 @@ impl Relay {
     }
 
     /// Queues again a request the worker answered as never run (it was reclaimed).
-    fn requeue(&self, cur: Current) {
+    fn requeue(&self, mut cur: Current) {
         self.ctx.metrics.pipeline.reclaimed.inc();
+        cur.guard.set_undispatched();
         let job = Job {
             guard: cur.guard,
             cancel: cur.cancel,
@@ -412,6 +449,15 @@ impl Relay {
         let never = CancellationToken::new();
         let grace = self.grace();
         loop {
+            // What a wait for a slow client read from the worker, first.
+            if let Some(frame) = self.stash.pop_front() {
+                self.stash_bytes = self.stash_bytes.saturating_sub(frame.payload.len());
+                if self.stash.is_empty() {
+                    (self.stash_bytes, self.stash_ended) = (0, false);
+                }
+                self.on_frame(frame, current, drain, &mut quit_sent).await?;
+                continue;
+            }
             let busy = current.is_some() || drain.is_some();
             let deadline = match (&*current, &*drain) {
                 (Some(c), _) => c.deadline,
@@ -419,10 +465,6 @@ impl Relay {
                 (None, None) => far,
             };
             let probe_due = drain.as_ref().map_or(far, |d| later(d.probed, grace));
-            let head = current
-                .as_ref()
-                .map(|c| c.wstream)
-                .or(drain.as_ref().map(|d| d.wstream));
             // Requests waiting behind a current one that has run for `hold` are taken back.
             let reclaim_due = match &*current {
                 Some(c) if self.has_waiting() => later(c.started, self.hold),
@@ -502,107 +544,7 @@ impl Relay {
                         Some(Ok(frame)) => frame,
                     };
                     self.last_rx = TokioInstant::now();
-                    if frame.stream != 0 && Some(frame.stream) != head {
-                        // Only the answer to a reclaim comes out of turn.
-                        self.out_of_turn(frame)?;
-                        continue;
-                    }
-                    match frame.kind {
-                        Kind::Columns | Kind::Rows if drain.is_some() => {
-                            if Some(frame.stream) != head {
-                                return Err("response frame on the wrong stream");
-                            }
-                        }
-                        Kind::Columns | Kind::Rows => {
-                            let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
-                            if Some(frame.stream) != head {
-                                return Err("response frame on the wrong stream");
-                            }
-                            cur.guard.set_dispatched();
-                            // After a CANCEL nobody wants the data: only ERROR and END go on.
-                            if cur.cancel_sent {
-                                cur.data_dropped = true;
-                            } else if cur.client_alive {
-                                self.forward_data(cur, frame).await?;
-                            }
-                        }
-                        Kind::Error if drain.is_some() => {
-                            if Some(frame.stream) != head {
-                                return Err("response frame on the wrong stream");
-                            }
-                            if let Some(dr) = drain.as_mut() {
-                                dr.fatal |= is_fatal(&frame);
-                            }
-                        }
-                        Kind::Error => {
-                            let Some(cur) = current.as_mut() else { return Err("response frame without a request") };
-                            if Some(frame.stream) != head {
-                                return Err("response frame on the wrong stream");
-                            }
-                            if cur.reclaimed && !cur.returned && never_ran(&frame) {
-                                // Taken back in time: queued again at its END, not answered.
-                                cur.returned = true;
-                                continue;
-                            }
-                            cur.guard.set_dispatched();
-                            cur.errored = true;
-                            if is_fatal(&frame) && !cur.fatal {
-                                // Before the client hears of it (and sends its next request):
-                                // the other idle sessions to this member likely died too.
-                                self.pool.session_lost(self.slot, self.generation);
-                            }
-                            cur.fatal |= is_fatal(&frame);
-                            if cur.client_alive && !cur.stalled && !self.forward(&mut cur.guard, frame).await? {
-                                // The client is gone: stop the statement, keep draining to END.
-                                cur.client_alive = false;
-                                self.send_cancel(cur).await?;
-                            }
-                        }
-                        Kind::End => {
-                            if Some(frame.stream) != head {
-                                return Err("response frame on the wrong stream");
-                            }
-                            self.head_ws = None;
-                            if let Some(dr) = drain.take() {
-                                info!(
-                                    slot = self.slot, conn = dr.conn, stream = dr.stream,
-                                    after_ms = dr.answered.elapsed().as_millis() as u64,
-                                    "cancelled statement ended after its stream was answered; the worker is free"
-                                );
-                                if dr.fatal {
-                                    return Err(WORKER_FATAL);
-                                }
-                                quit_sent |= self.next(current, drain, true).await?;
-                            } else {
-                                let Some(cur) = current.take() else { return Err("response frame without a request") };
-                                if cur.returned {
-                                    self.requeue(cur);
-                                    quit_sent |= self.next(current, drain, false).await?;
-                                    continue;
-                                }
-                                if self.finish(cur, frame).await? {
-                                    return Err(WORKER_FATAL);
-                                }
-                                quit_sent |= self.next(current, drain, true).await?;
-                            }
-                        }
-                        // For the current request: it runs (or may) already.
-                        Kind::Started => {}
-                        Kind::Ping => {
-                            let Ok(ping) = frame.body::<Ping>() else { return Err("bad PING body") };
-                            self.write(Frame::new(Kind::Pong, 0, &ping)).await?;
-                        }
-                        Kind::Pong => {
-                            if frame.body::<Ping>().is_err() {
-                                return Err("bad PONG body");
-                            }
-                        }
-                        Kind::QuitRequest => {
-                            debug!("worker asks to retire");
-                            self.pool.quit_requested(self.slot, self.generation);
-                        }
-                        _ => return Err("unexpected frame kind from worker"),
-                    }
+                    self.on_frame(frame, current, drain, &mut quit_sent).await?;
                 }
                 // After the worker's frames: a PONG already in the socket counts.
                 _ = sleep_until(probe_due), if drain.is_some() => {
@@ -633,6 +575,132 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// Acts on one frame from the worker (see [`Relay::serve`]).
+    async fn on_frame(
+        &mut self,
+        frame: Frame,
+        current: &mut Option<Current>,
+        drain: &mut Option<Draining>,
+        quit_sent: &mut bool,
+    ) -> Result<(), &'static str> {
+        let head = current
+            .as_ref()
+            .map(|c| c.wstream)
+            .or(drain.as_ref().map(|d| d.wstream));
+        if frame.stream != 0 && Some(frame.stream) != head {
+            // Only the answer to a reclaim comes out of turn.
+            self.out_of_turn(frame)?;
+            return Ok(());
+        }
+        match frame.kind {
+            Kind::Columns | Kind::Rows if drain.is_some() => {
+                if Some(frame.stream) != head {
+                    return Err("response frame on the wrong stream");
+                }
+            }
+            Kind::Columns | Kind::Rows => {
+                let Some(cur) = current.as_mut() else {
+                    return Err("response frame without a request");
+                };
+                if Some(frame.stream) != head {
+                    return Err("response frame on the wrong stream");
+                }
+                cur.guard.set_dispatched();
+                // After a CANCEL nobody wants the data: only ERROR and END go on.
+                if cur.cancel_sent {
+                    cur.data_dropped = true;
+                } else if cur.client_alive {
+                    self.forward_data(cur, frame).await?;
+                }
+            }
+            Kind::Error if drain.is_some() => {
+                if Some(frame.stream) != head {
+                    return Err("response frame on the wrong stream");
+                }
+                if let Some(dr) = drain.as_mut() {
+                    dr.fatal |= is_fatal(&frame);
+                }
+            }
+            Kind::Error => {
+                let Some(cur) = current.as_mut() else {
+                    return Err("response frame without a request");
+                };
+                if Some(frame.stream) != head {
+                    return Err("response frame on the wrong stream");
+                }
+                if cur.reclaimed && !cur.returned && never_ran(&frame) {
+                    // Taken back in time: queued again at its END, not answered.
+                    cur.returned = true;
+                    return Ok(());
+                }
+                cur.guard.set_dispatched();
+                cur.errored = true;
+                if is_fatal(&frame) && !cur.fatal {
+                    // Before the client hears of it (and sends its next request):
+                    // the other idle sessions to this member likely died too.
+                    self.pool.session_lost(self.slot, self.generation);
+                }
+                cur.fatal |= is_fatal(&frame);
+                if cur.client_alive && !cur.stalled && !self.forward(&mut cur.guard, frame).await? {
+                    // The client is gone: stop the statement, keep draining to END.
+                    cur.client_alive = false;
+                    self.send_cancel(cur).await?;
+                }
+            }
+            Kind::End => {
+                if Some(frame.stream) != head {
+                    return Err("response frame on the wrong stream");
+                }
+                self.head_ws = None;
+                if let Some(dr) = drain.take() {
+                    info!(
+                        slot = self.slot,
+                        conn = dr.conn,
+                        stream = dr.stream,
+                        after_ms = dr.answered.elapsed().as_millis() as u64,
+                        "cancelled statement ended after its stream was answered; the worker is free"
+                    );
+                    if dr.fatal {
+                        return Err(WORKER_FATAL);
+                    }
+                    *quit_sent |= self.next(current, drain, true).await?;
+                } else {
+                    let Some(cur) = current.take() else {
+                        return Err("response frame without a request");
+                    };
+                    if cur.returned {
+                        self.requeue(cur);
+                        *quit_sent |= self.next(current, drain, false).await?;
+                        return Ok(());
+                    }
+                    if self.finish(cur, frame).await? {
+                        return Err(WORKER_FATAL);
+                    }
+                    *quit_sent |= self.next(current, drain, true).await?;
+                }
+            }
+            // For the current request: it runs (or may) already.
+            Kind::Started => {}
+            Kind::Ping => {
+                let Ok(ping) = frame.body::<Ping>() else {
+                    return Err("bad PING body");
+                };
+                self.write(Frame::new(Kind::Pong, 0, &ping)).await?;
+            }
+            Kind::Pong => {
+                if frame.body::<Ping>().is_err() {
+                    return Err("bad PONG body");
+                }
+            }
+            Kind::QuitRequest => {
+                debug!("worker asks to retire");
+                self.pool.quit_requested(self.slot, self.generation);
+            }
+            _ => return Err("unexpected frame kind from worker"),
+        }
+        Ok(())
     }
 
     /// Sends `job` to the worker. Ok(false): the job needed no worker after all
@@ -719,10 +787,10 @@ impl Relay {
             .min(ctx.request_timeout());
         let now = TokioInstant::now();
         let deadline = later(now, limit);
+        // Taken back or not, it may have started (a reclaim reaches a worker that has
+        // started it too late): only the worker's "never ran" says otherwise.
         let mut guard = job.guard;
-        if !reclaimed {
-            guard.set_dispatched();
-        }
+        guard.set_dispatched();
         debug!(
             slot = self.slot,
             conn = guard.shared().id,
@@ -782,7 +850,7 @@ impl Relay {
                 *current = Some(self.become_current(job, a.wstream, false));
             }
             AheadState::Reclaimed(job) => {
-                *current = Some(self.become_current(job, a.wstream, true));
+                *current = Some(self.become_current(job, a.wstream, !a.started));
             }
             AheadState::Answered { conn, stream } => {
                 // Its stream was answered at its CANCEL; the worker is busy with it until
@@ -798,6 +866,8 @@ impl Relay {
                     fatal: false,
                 });
                 self.reclaim_all().await?;
+                // Probed at once, as any drain: a lingering killed statement is no hang.
+                self.ping().await?;
                 return Ok(false);
             }
         }
@@ -1025,12 +1095,13 @@ impl Relay {
         let forward = guard.forward(frame);
         tokio::pin!(forward);
         let mut link_error = None;
+        let give_back_at = later(TokioInstant::now(), self.hold);
         let alive = loop {
             tokio::select! {
                 biased;
                 alive = &mut forward => break alive,
-                _ = self.tick.tick(), if link_error.is_none() => {
-                    if let Err(why) = self.ping().await {
+                r = self.side_work(give_back_at), if link_error.is_none() => {
+                    if let Err(why) = r {
                         link_error = Some(why);
                     }
                 }
@@ -1092,6 +1163,7 @@ impl Relay {
         let expired = sleep_until(deadline);
         let stalled = sleep_until(TokioInstant::now() + stall.unwrap_or(Duration::from_secs(86_400 * 365)));
         tokio::pin!(expired, stalled);
+        let give_back_at = later(TokioInstant::now(), self.hold);
         let result = loop {
             tokio::select! {
                 biased;
@@ -1100,8 +1172,8 @@ impl Relay {
                 _ = ctx.abort.cancelled() => break Err(GiveUp::Stopped),
                 _ = cancel.cancelled() => break Err(GiveUp::Stopped),
                 _ = &mut stalled, if stall.is_some() => break Err(GiveUp::Stalled),
-                _ = self.tick.tick() => {
-                    if let Err(why) = self.ping().await {
+                r = self.side_work(give_back_at) => {
+                    if let Err(why) = r {
                         break Err(GiveUp::Link(why));
                     }
                 }
@@ -1110,6 +1182,51 @@ impl Relay {
         // The worker's frames waited in its socket meanwhile: its silence is ours.
         self.last_rx = TokioInstant::now();
         result
+    }
+
+    /// While a slow client holds the relay (a frame of the current request waits for its
+    /// queue or credit), the requests written behind it must not wait with it: after
+    /// `pipeline_hold_ms` they are taken back, client cancels of them are answered, and
+    /// the worker's out-of-turn answers are read (one other frame is kept for later, so
+    /// reading stays bounded). Ends after one such step.
+    /// Keeps the link alive meanwhile (PINGs out).
+    async fn side_work(&mut self, give_back_at: TokioInstant) -> Result<(), &'static str> {
+        let ahead = !self.ahead.is_empty();
+        let waiting = self.has_waiting();
+        // Read on only to reach the answers to reclaims sent: reading before would fill
+        // the bound with rows that the answers then queue behind.
+        let answers_due = self
+            .ahead
+            .iter()
+            .any(|a| !a.started && !matches!(a.state, AheadState::Waiting(..)));
+        let readable = answers_due && self.stash_bytes < STASH_BYTES;
+        tokio::select! {
+            biased;
+            _ = self.tick.tick() => self.ping().await,
+            _ = sleep_until(give_back_at), if waiting => self.reclaim_all().await,
+            i = next_cancelled(&mut self.ahead), if ahead => self.cancel_ahead(i).await,
+            frame = self.reader.next(), if readable => {
+                self.last_rx = TokioInstant::now();
+                match frame {
+                    // Before the current request's END only reclaim answers and STARTED can
+                    // come for a request behind it.
+                    Some(Ok(f)) if !self.stash_ended && f.stream != 0 && Some(f.stream) != self.head_ws && self.ahead.iter().any(|a| a.wstream == f.stream) => {
+                        self.out_of_turn(f)
+                    }
+                    Some(Ok(f)) => {
+                        self.stash_ended |= f.kind == Kind::End && Some(f.stream) == self.head_ws;
+                        self.stash_bytes += f.payload.len() + osprey_protocol::HEADER_LEN;
+                        self.stash.push_back(f);
+                        Ok(())
+                    }
+                    None => Err(WORKER_CLOSED),
+                    Some(Err(e)) => {
+                        warn!("bad frame from worker: {e}");
+                        Err("bad frame from worker")
+                    }
+                }
+            }
+        }
     }
 
     /// The client is gone: stop the statement, keep draining to END.

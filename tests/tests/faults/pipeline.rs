@@ -281,3 +281,66 @@ async fn a_cancel_of_a_request_waiting_behind_another_is_answered_at_once() {
     drop(raw);
     assert_closed_loop(&c, &[], 1).await;
 }
+
+/// A client that stops reading its large result holds its worker (until
+/// `client_write_timeout`), but not the requests of others written behind it: they are
+/// taken back within `pipeline_hold_ms` and served by the other worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_does_not_hold_the_requests_written_behind_it() {
+    let _serial = serial().await;
+    let c = cluster(
+        "[pool]\nsize = 2\npipeline_depth = 4\npipeline_hold_ms = 20\nmax_per_connection = 0\n\
+         [limits]\nclient_write_timeout_ms = 20000\n",
+    )
+    .await;
+    let d = &c.dispatcher;
+    let client = Arc::new(d.client().await.unwrap());
+    let spawn = |sql: String| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let r = client.query_first::<(i64,)>(sql, &[]).await;
+            (r, t.elapsed())
+        })
+    };
+    let busy: Vec<_> = (0..2).map(|_| spawn("SELECT SLEEP(0.5)".into())).collect();
+    wait_for(Duration::from_secs(5), "both workers busy", || async {
+        (pipelines(d).await.iter().filter(|p| **p >= 1).count() == 2).then_some(())
+    })
+    .await
+    .expect("busy");
+    // A flow-controlled client with a window of one data frame, which it never renews.
+    let (mut stuck, _) = Raw::open_with_window(d.client_addr, &d.client_token, 1).await;
+    stuck
+        .send(request(1, "SELECT REPEAT('x', 2000) FROM seq_1_to_100000"))
+        .await;
+    wait_for(Duration::from_secs(5), "the large read queued", || async {
+        let s = d.status().await.ok()?;
+        (s["pool"]["queue_depth"].as_u64()? >= 1).then_some(())
+    })
+    .await
+    .expect("queued");
+    let fast: Vec<_> = (0..20i64).map(|i| spawn(format!("SELECT {i}"))).collect();
+    for b in busy {
+        assert!(b.await.unwrap().0.is_ok());
+    }
+    let mut worst = Duration::ZERO;
+    for (i, f) in fast.into_iter().enumerate() {
+        let (r, took) = f.await.unwrap();
+        let got = r.unwrap_or_else(|e| panic!("fast {i}: {}", describe(&e)));
+        assert_eq!(got, Some((i as i64,)));
+        worst = worst.max(took);
+    }
+    let reclaimed = metric(d, "osprey_pipeline_reclaimed_total").await;
+    println!("slowest fast request {worst:?} beside a client that does not read; {reclaimed} taken back");
+    assert!(
+        reclaimed >= 1.0,
+        "requests were written behind the unread result and taken back"
+    );
+    assert!(
+        worst < Duration::from_secs(5),
+        "a fast request waited {worst:?}: held behind a client that does not read"
+    );
+    drop(stuck);
+    assert_closed_loop(&c, &[&client], 2).await;
+}
