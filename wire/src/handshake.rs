@@ -100,7 +100,10 @@ pub(crate) async fn connect(opts: &Opts) -> Result<Established> {
         )));
     }
     let server_caps = hs.capabilities();
-    for needed in [CapabilityFlags::CLIENT_PROTOCOL_41, CapabilityFlags::CLIENT_SECURE_CONNECTION] {
+    for needed in [
+        CapabilityFlags::CLIENT_PROTOCOL_41,
+        CapabilityFlags::CLIENT_SECURE_CONNECTION,
+    ] {
         if !server_caps.contains(needed) {
             return Err(Error::protocol(format!("the server lacks {needed:?}")));
         }
@@ -111,7 +114,9 @@ pub(crate) async fn connect(opts: &Opts) -> Result<Established> {
     nonce.resize(20, 0);
     let mariadb_version = hs.maria_db_server_version_parsed();
     let mariadb = mariadb_version.is_some();
-    let version = mariadb_version.or_else(|| hs.server_version_parsed()).unwrap_or((0, 0, 0));
+    let version = mariadb_version
+        .or_else(|| hs.server_version_parsed())
+        .unwrap_or((0, 0, 0));
     let version_text = hs.server_version_str().into_owned();
     let conn_id = hs.connection_id();
     let plugin = match hs.auth_plugin() {

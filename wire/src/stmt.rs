@@ -83,7 +83,12 @@ impl StmtCache {
         }
         while self.map.len() > self.cap {
             // A linear scan over at most a few hundred entries, once per eviction.
-            let Some(oldest) = self.map.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone()) else {
+            let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+            else {
                 break;
             };
             if let Some((stmt, _)) = self.map.remove(&oldest) {

@@ -13,13 +13,23 @@ async fn password_login_with_and_without_database() -> anyhow::Result<()> {
 
     let mut s = Session::connect(&opts(p)).await?;
     assert_eq!(scalar(&mut s, "SELECT DATABASE()").await, p.database());
-    assert_eq!(scalar(&mut s, "SELECT CONNECTION_ID()").await, s.connection_id().to_string());
+    assert_eq!(
+        scalar(&mut s, "SELECT CONNECTION_ID()").await,
+        s.connection_id().to_string()
+    );
     assert!(s.is_mariadb());
     let version = scalar(&mut s, "SELECT VERSION()").await;
     let (ma, mi, pa) = s.server_version();
-    assert!(version.starts_with(&format!("{ma}.{mi}.{pa}")), "{version} vs {:?}", s.server_version());
+    assert!(
+        version.starts_with(&format!("{ma}.{mi}.{pa}")),
+        "{version} vs {:?}",
+        s.server_version()
+    );
     // utf8mb4_general_ci, as mysql_async asks for.
-    assert_eq!(scalar(&mut s, "SELECT @@collation_connection").await, "utf8mb4_general_ci");
+    assert_eq!(
+        scalar(&mut s, "SELECT @@collation_connection").await,
+        "utf8mb4_general_ci"
+    );
     s.ping().await?;
     assert!(!s.is_tls());
     s.quit().await?;
@@ -28,7 +38,10 @@ async fn password_login_with_and_without_database() -> anyhow::Result<()> {
     no_db.database = None;
     let mut s = Session::connect(&no_db).await?;
     assert_eq!(scalar(&mut s, "SELECT DATABASE()").await, "NULL");
-    assert_eq!(scalar(&mut s, "SELECT CURRENT_USER()").await, format!("{}@127.0.0.1", p.user()));
+    assert_eq!(
+        scalar(&mut s, "SELECT CURRENT_USER()").await,
+        format!("{}@127.0.0.1", p.user())
+    );
     Ok(())
 }
 

@@ -56,7 +56,8 @@ async fn server_killed_while_a_statement_runs() -> anyhow::Result<()> {
     s.send_query("SELECT 2")?;
     s.flush().await?;
     let mut side = Session::connect(&opts(p)).await?;
-    let running = format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id} AND INFO LIKE 'SELECT SLEEP%'");
+    let running =
+        format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id} AND INFO LIKE 'SELECT SLEEP%'");
     let deadline = Instant::now() + Duration::from_secs(5);
     while scalar(&mut side, &running).await != "1" {
         assert!(Instant::now() < deadline, "the sleep never ran");

@@ -27,7 +27,11 @@ async fn fifty_mixed_statements_in_one_go() -> anyhow::Result<()> {
         o.deprecate_eof = deprecate_eof;
         let mut s = Session::connect(&o).await?;
         let table = if deprecate_eof { "pt" } else { "pt_eof" };
-        query(&mut s, &format!("CREATE TABLE {table} (id INT PRIMARY KEY, v VARCHAR(20))")).await;
+        query(
+            &mut s,
+            &format!("CREATE TABLE {table} (id INT PRIMARY KEY, v VARCHAR(20))"),
+        )
+        .await;
         let stmt = s.prepare("SELECT CAST(? AS SIGNED), 'prepared'").await?;
 
         let mut kinds = Vec::new();
@@ -58,7 +62,10 @@ async fn fifty_mixed_statements_in_one_go() -> anyhow::Result<()> {
                     assert_eq!(r.results.len(), 1);
                     assert_eq!(
                         r.results[0].rows,
-                        vec![vec![Value::Bytes(i.to_string().into()), Value::Bytes(format!("sel{i}").into())]],
+                        vec![vec![
+                            Value::Bytes(i.to_string().into()),
+                            Value::Bytes(format!("sel{i}").into())
+                        ]],
                         "#{n}"
                     );
                 }
@@ -91,7 +98,10 @@ async fn fifty_mixed_statements_in_one_go() -> anyhow::Result<()> {
         }
         assert_eq!(s.pending(), 0);
         let inserts = kinds.iter().filter(|k| matches!(k, Kind::Insert(_))).count();
-        assert_eq!(scalar(&mut s, &format!("SELECT COUNT(*) FROM {table}")).await, inserts.to_string());
+        assert_eq!(
+            scalar(&mut s, &format!("SELECT COUNT(*) FROM {table}")).await,
+            inserts.to_string()
+        );
         assert_eq!(scalar(&mut s, "SELECT 'fine'").await, "fine");
         s.ping().await?;
     }
@@ -143,7 +153,10 @@ async fn multi_results_call_and_multi_statements() -> anyhow::Result<()> {
     // Two result sets and the CALL's own OK.
     assert_eq!(r.results.len(), 3);
     assert_eq!(r.results[0].rows, vec![vec![Value::Bytes(b"7".to_vec())]]);
-    assert_eq!(r.results[1].rows, vec![vec![Value::Bytes(b"8".to_vec()), Value::Bytes(b"x".to_vec())]]);
+    assert_eq!(
+        r.results[1].rows,
+        vec![vec![Value::Bytes(b"8".to_vec()), Value::Bytes(b"x".to_vec())]]
+    );
     assert!(r.results[2].columns.is_none());
     // The same through the binary protocol (PS_MULTI_RESULTS), pipelined twice.
     let stmt = s.prepare("CALL two_sets(?)").await?;
@@ -153,7 +166,10 @@ async fn multi_results_call_and_multi_statements() -> anyhow::Result<()> {
         let r = read_response(&mut s).await?;
         assert_eq!(r.results.len(), 3, "{r:?}");
         assert_eq!(r.results[0].rows, vec![vec![Value::Int(n)]]);
-        assert_eq!(r.results[1].rows, vec![vec![Value::Int(n + 1), Value::Bytes(b"x".to_vec())]]);
+        assert_eq!(
+            r.results[1].rows,
+            vec![vec![Value::Int(n + 1), Value::Bytes(b"x".to_vec())]]
+        );
     }
     // Multi-statements: an error stops the rest of that command only.
     s.send_query("SELECT 1; SELEC 2; SELECT 3")?;
@@ -213,7 +229,10 @@ async fn values_over_16_mib_both_ways() -> anyhow::Result<()> {
     query(&mut admin, "SET GLOBAL max_allowed_packet = 256 * 1024 * 1024").await;
     // The global value applies to sessions opened after it.
     let mut s = Session::connect(&opts(p)).await?;
-    assert_eq!(scalar(&mut s, "SELECT @@max_allowed_packet").await, (256 * 1024 * 1024).to_string());
+    assert_eq!(
+        scalar(&mut s, "SELECT @@max_allowed_packet").await,
+        (256 * 1024 * 1024).to_string()
+    );
     query(&mut s, "CREATE TABLE big (id INT PRIMARY KEY, b LONGBLOB)").await;
 
     const N: usize = 20 * 1024 * 1024 + 7;
@@ -283,7 +302,7 @@ fn last_gtid(ok: &osprey_wire::OkPacket<'_>) -> Option<String> {
             continue;
         }
         if let Ok(SessionStateChange::SystemVariables(vars)) = change.decode() {
-            for v in vars.iter().filter(|v| v.name_bytes() == b"last_gtid") {
+            if let Some(v) = vars.iter().find(|v| v.name_bytes() == b"last_gtid") {
                 return Some(String::from_utf8_lossy(v.value_bytes()).into_owned());
             }
         }
@@ -300,7 +319,11 @@ async fn ok_packets_carry_last_gtid() -> anyhow::Result<()> {
     let r = query(&mut s, "INSERT INTO g VALUES (1)").await;
     let gtid = last_gtid(r.ok()).expect("the INSERT's OK carries last_gtid");
     assert_eq!(scalar(&mut s, "SELECT @@last_gtid").await, gtid);
-    assert_eq!(last_gtid(s.last_ok().expect("ok")), None, "the SELECT's end carries nothing");
+    assert_eq!(
+        last_gtid(s.last_ok().expect("ok")),
+        None,
+        "the SELECT's end carries nothing"
+    );
     // Pipelined writes, text and binary: each OK carries its own GTID.
     let stmt = s.prepare("INSERT INTO g VALUES (?)").await?;
     s.send_query("INSERT INTO g VALUES (2)")?;
@@ -328,7 +351,11 @@ async fn reset_connection_and_change_user() -> anyhow::Result<()> {
     let p = sandbox.primary();
     let mut s = Session::connect(&opts(p)).await?;
     let id = s.connection_id();
-    query(&mut s, "SET @x = 1; CREATE TEMPORARY TABLE tmp (a INT); SET autocommit = 0").await;
+    query(
+        &mut s,
+        "SET @x = 1; CREATE TEMPORARY TABLE tmp (a INT); SET autocommit = 0",
+    )
+    .await;
     assert!(!s.status_flags().contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT));
     let stmt = s.prepare("SELECT ? + 1").await?;
     assert_eq!(s.cached_statements(), 1);
@@ -354,7 +381,10 @@ async fn reset_connection_and_change_user() -> anyhow::Result<()> {
     assert_eq!(scalar(&mut s, "SELECT @y").await, "NULL");
     assert_eq!(scalar(&mut s, "SELECT CONNECTION_ID()").await, id.to_string());
     assert_eq!(s.cached_statements(), 0);
-    assert_eq!(scalar(&mut s, "SELECT @@collation_connection").await, "utf8mb4_general_ci");
+    assert_eq!(
+        scalar(&mut s, "SELECT @@collation_connection").await,
+        "utf8mb4_general_ci"
+    );
     // Twice (the nonce of the last exchange is used).
     s.change_user().await?;
     s.ping().await?;

@@ -78,7 +78,12 @@ pub async fn read_response(s: &mut Session) -> Result<Response, Error> {
                     return Ok(Response { results, error: None });
                 }
             }
-            Err(Error::Server(e)) => return Ok(Response { results, error: Some(e) }),
+            Err(Error::Server(e)) => {
+                return Ok(Response {
+                    results,
+                    error: Some(e),
+                })
+            }
             Err(e) => return Err(e),
         }
     }
