@@ -78,6 +78,22 @@ pub(crate) fn parse_ok(packet: &[u8], caps: CapabilityFlags) -> Result<OkPacket<
         .map_err(|e| Error::protocol(format!("bad OK packet: {e}")))
 }
 
+/// The server's greeting. mysql_common computes `auth_plugin_data_len - 8` as an `i8`,
+/// which overflows (a panic in debug builds) for a length byte of 0x80..=0x87: such a
+/// length (over 127 bytes of scramble) is refused first.
+pub(crate) fn parse_greeting(packet: &[u8]) -> Result<HandshakePacket<'_>> {
+    let version_end = packet.get(1..).and_then(|rest| rest.iter().position(|&b| b == 0));
+    if let Some(end) = version_end {
+        // protocol version, version string and its NUL, then 20 bytes up to the length.
+        if packet.get(1 + end + 1 + 20).is_some_and(|&len| len >= 0x80) {
+            return Err(Error::protocol("handshake packet with an auth data length over 127"));
+        }
+    }
+    ParseBuf(packet)
+        .parse::<HandshakePacket<'_>>(())
+        .map_err(|e| Error::protocol(format!("bad handshake packet: {e}")))
+}
+
 pub(crate) async fn connect(opts: &Opts) -> Result<Established> {
     let tcp = TcpStream::connect((opts.host.as_str(), opts.port)).await?;
     tcp.set_nodelay(true)?;
@@ -90,9 +106,7 @@ pub(crate) async fn connect(opts: &Opts) -> Result<Established> {
             return Err(Error::Server(e));
         }
     }
-    let hs = ParseBuf(&packet)
-        .parse::<HandshakePacket<'_>>(())
-        .map_err(|e| Error::protocol(format!("bad handshake packet: {e}")))?;
+    let hs = parse_greeting(&packet)?;
     if hs.protocol_version() != 10 {
         return Err(Error::protocol(format!(
             "protocol version {}, expected 10",

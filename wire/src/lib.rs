@@ -21,6 +21,22 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Rules of the pipeline:
+//! - Responses come back in the order the commands were sent; read each to its end
+//!   ([`Event::End`] with `more_results == false`, or an error) before the next one's begin.
+//! - A server error ([`Error::Server`]) ends only its own command's response.
+//! - The write buffer is not bounded here: the caller bounds how many commands it writes
+//!   ahead. Reading drains the write buffer too, so a large pipeline cannot deadlock with
+//!   a server that waits for us to read.
+//! - Round trips ([`Session::prepare`] on a cache miss, [`Session::ping`],
+//!   [`Session::reset_connection`], [`Session::change_user`]) are refused while responses
+//!   are pending.
+//! - A LOCAL INFILE request is answered with an empty file when nothing is pipelined behind
+//!   it; with commands behind it the session is broken (the server would read them as
+//!   the file), so such statements must not be pipelined.
+//! - Any I/O or protocol error is fatal ([`Error::is_fatal`]); the session then refuses
+//!   every call with [`Error::Broken`].
+//!
 //! What it keeps from the worker's `mysql_async` session: the same capabilities
 //! (multi-statements and multi-results, session tracking, DEPRECATE_EOF, LOCAL INFILE
 //! answered with an empty file), utf8mb4 (collation 45), `mysql_native_password` and
