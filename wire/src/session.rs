@@ -780,9 +780,9 @@ mod tests {
             let _ = handshake::parse_greeting(&packet);
             let _ = ParseBuf(&packet).parse::<AuthSwitchRequest<'_>>(());
             if let Ok(ok) = parse_ok(&packet, caps) {
-                let _ = ok
-                    .session_state_info()
-                    .map(|v| v.iter().map(|c| c.decode().is_ok()).count());
+                for change in ok.session_state_info().unwrap_or_default() {
+                    let _ = change.decode();
+                }
             }
         }
     }
