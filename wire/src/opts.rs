@@ -1,0 +1,84 @@
+//! What [`crate::Session::connect`] needs to know.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the connection to the server is encrypted, as MySQL's `--ssl-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SslMode {
+    /// Plain TCP.
+    #[default]
+    Disabled,
+    /// TLS when the server offers it (certificate not checked), else plain TCP on the same
+    /// connection.
+    Preferred,
+    /// TLS, or the connection fails; the certificate is not checked.
+    Required,
+    /// TLS with the certificate chain checked against the trusted roots; any host name.
+    VerifyCa,
+    /// TLS with the chain and the host name (or [`TlsOpts::server_name`]) checked.
+    VerifyIdentity,
+}
+
+/// TLS settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOpts {
+    /// The mode.
+    pub mode: SslMode,
+    /// PEM file of the CA(s) to trust; when given, the only roots trusted. Absent: the
+    /// system's roots (`rustls-native-certs`).
+    pub ca_file: Option<PathBuf>,
+    /// Name checked against the certificate under [`SslMode::VerifyIdentity`] instead of
+    /// [`Opts::host`].
+    pub server_name: Option<String>,
+}
+
+/// Connection options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opts {
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// User name.
+    pub user: String,
+    /// Password (empty: none).
+    pub password: String,
+    /// Default database; `None` connects without one.
+    pub database: Option<String>,
+    /// TLS; `None` is [`SslMode::Disabled`].
+    pub tls: Option<TlsOpts>,
+    /// Bound on the whole connection setup (TCP, TLS, authentication).
+    pub connect_timeout: Duration,
+    /// Ask for `CLIENT_DEPRECATE_EOF` (result sets end with an OK packet, not EOF). On by
+    /// default; off exercises the older EOF-terminated result sets.
+    pub deprecate_eof: bool,
+}
+
+impl Opts {
+    /// Options with the defaults: no database, no TLS, 10 s connect timeout.
+    pub fn new(host: impl Into<String>, port: u16, user: impl Into<String>, password: impl Into<String>) -> Opts {
+        Opts {
+            host: host.into(),
+            port,
+            user: user.into(),
+            password: password.into(),
+            database: None,
+            tls: None,
+            connect_timeout: Duration::from_secs(10),
+            deprecate_eof: true,
+        }
+    }
+
+    /// Sets the default database.
+    pub fn database(mut self, db: impl Into<String>) -> Opts {
+        self.database = Some(db.into());
+        self
+    }
+
+    /// Sets the TLS options.
+    pub fn tls(mut self, tls: TlsOpts) -> Opts {
+        self.tls = Some(tls);
+        self
+    }
+}
