@@ -173,7 +173,7 @@ async fn kill_until_ended(tracker: Tracker, stream: u32, killer: Arc<Killer>, en
     let mut kills = 0u32;
     loop {
         kills += 1;
-        if let Err(e) = killer.kill_query(&mut side).await {
+        if let Err(e) = killer.kill_query(&mut side, None).await {
             warn!(stream, kills, error = %e, "KILL QUERY failed");
         }
         tokio::select! {
@@ -190,10 +190,6 @@ async fn kill_until_ended(tracker: Tracker, stream: u32, killer: Arc<Killer>, en
     if kills > 1 {
         info!(stream, kills, "statement stopped after repeated KILL QUERY");
     }
-    if let Some(conn) = side {
-        // Not awaited here: the executor waits for this task before it answers.
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(1), conn.disconnect()).await;
-        });
-    }
+    // Not awaited here: the executor waits for this task before it answers.
+    tokio::spawn(crate::session::close_side(side));
 }
