@@ -1,27 +1,28 @@
 //! One `REQUEST` in, its frames out: `COLUMNS`/`ROWS` per result set, then `END`, or
 //! `ERROR` + `END`. Rows are streamed in batches, never collected.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
-use osprey_wire::mysql_common::constants::SessionStateType;
-use osprey_wire::mysql_common::packets::session_state_change::SessionStateChange;
-use osprey_wire::{Event as DbEvent, OkPacket, Session, StatusFlags};
 use osprey_protocol::{
     Columns, End, ErrorBody, ErrorCode, Frame, GtidPos, Kind, Origin, ProtocolError, Request, Rows, SessionReset,
     Statement, Value,
 };
+use osprey_wire::mysql_common::constants::SessionStateType;
+use osprey_wire::mysql_common::packets::session_state_change::SessionStateChange;
+use osprey_wire::{Event as DbEvent, OkPacket, Session, StatusFlags};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::cancel::{StopReason, Tracker};
 use crate::convert::{self, ColumnKind};
-use crate::link::{LinkGone, LinkOut};
+use crate::link::{LinkGone, LinkOut, Queue};
 use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
 use osprey_sql::{
     controls_session, ends_sessions, is_plain_select, loads_local_file, placeholders, placeholders_depend_on_server,
     touches_session_state,
 };
+
+mod pipeline;
 
 /// Room left in a frame for everything around the row values.
 const FRAME_SLACK: usize = 1024;
@@ -37,7 +38,7 @@ pub enum Outcome {
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
-enum ExecError {
+pub(crate) enum ExecError {
     #[error(transparent)]
     Db(#[from] osprey_wire::Error),
     /// The session's state is unknown (a clean-up failed): answered as fatal.
@@ -135,30 +136,21 @@ impl Executor {
         }
     }
 
-    /// Answers one `REQUEST` frame completely (its frames leave with one flush, plus
-    /// one per full `ROWS` batch). `Err` only when the link is gone.
-    pub async fn serve(&mut self, frame: Frame, link: &LinkOut) -> Result<Outcome, LinkGone> {
+    /// Checks a `REQUEST` frame without answering it: decoded, valid, allowed, within the
+    /// server's packet limit. `Err`: the answer (never dispatched) and what follows it.
+    pub(crate) fn inspect(&self, frame: &Frame) -> Result<Checked, (ErrorBody, Outcome)> {
         let stream = frame.stream;
-        let mut out = Emitter::new(link, stream, self.limits);
-        let request: Request = match frame.body() {
-            Ok(r) => r,
-            Err(e) => {
-                let code = match e {
-                    ProtocolError::BadUtf8 => ErrorCode::BadUtf8,
-                    _ => ErrorCode::BadBody,
-                };
-                self.tracker.finish(stream).await;
-                out.fail(ErrorBody::undispatched(Origin::Worker, code, e.to_string()))
-                    .await?;
-                return Ok(Outcome::Served);
-            }
-        };
-        if let Err(why) = request.validate() {
-            self.tracker.finish(stream).await;
-            out.fail(ErrorBody::undispatched(Origin::Worker, ErrorCode::InvalidRequest, why))
-                .await?;
-            return Ok(Outcome::Served);
-        }
+        let refuse = |code, why: String| (ErrorBody::undispatched(Origin::Worker, code, why), Outcome::Served);
+        let request: Request = frame.body().map_err(|e| {
+            let code = match e {
+                ProtocolError::BadUtf8 => ErrorCode::BadUtf8,
+                _ => ErrorCode::BadBody,
+            };
+            refuse(code, e.to_string())
+        })?;
+        request
+            .validate()
+            .map_err(|why| refuse(ErrorCode::InvalidRequest, why))?;
         let controls_session = if request.batch.is_empty() {
             controls_session(&request.sql)
         } else {
@@ -172,54 +164,83 @@ impl Executor {
                 request.batch.iter().any(|st| touches_session_state(&st.sql))
             };
         if controls_session {
-            self.tracker.finish(stream).await;
-            out.fail(ErrorBody::undispatched(
-                Origin::Worker,
+            return Err(refuse(
                 ErrorCode::InvalidRequest,
                 "each request runs on whichever worker is free, so transaction control (BEGIN, COMMIT, \
                  ROLLBACK, SET autocommit, XA) and table locks cannot be sent as statements: send the \
-                 statements as one batch, which runs in one transaction",
-            ))
-            .await?;
-            return Ok(Outcome::Served);
+                 statements as one batch, which runs in one transaction"
+                    .into(),
+            ));
         }
         // Timeout: on MariaDB a single plain SELECT is bounded by the server itself;
         // anything else by a timer that sends KILL QUERY.
         let server_timeout =
             (request.timeout_ms > 0 && self.mariadb && request.batch.is_empty() && is_plain_select(&request.sql))
                 .then_some(request.timeout_ms);
-        let single_sql = match server_timeout {
-            Some(ms) => Cow::Owned(format!(
+        let sql = match server_timeout {
+            Some(ms) => format!(
                 "SET STATEMENT max_statement_time={:.3} FOR {}",
                 ms as f64 / 1000.0,
                 request.sql
-            )),
-            None => Cow::Borrowed(request.sql.as_str()),
+            ),
+            None => request.sql.clone(),
         };
         let checked = if request.batch.is_empty() {
-            preflight(&single_sql, &request.params, self.max_packet)
+            preflight(&sql, &request.params, self.max_packet)
         } else {
             request.batch.iter().enumerate().try_for_each(|(i, st)| {
                 preflight(&st.sql, &st.params, self.max_packet).map_err(|e| format!("batch statement {i}: {e}"))
             })
         };
-        if let Err(why) = checked {
-            self.tracker.finish(stream).await;
-            out.fail(ErrorBody::undispatched(Origin::Worker, ErrorCode::InvalidRequest, why))
-                .await?;
-            return Ok(Outcome::Served);
-        }
+        checked.map_err(|why| refuse(ErrorCode::InvalidRequest, why))?;
         if self.dead {
-            self.tracker.finish(stream).await;
             let mut body = ErrorBody::undispatched(
                 Origin::Worker,
                 ErrorCode::DatabaseFatal,
                 "the worker's database session was lost while idle",
             );
             body.retryable = true;
-            out.fail(body).await?;
-            return Ok(Outcome::Fatal);
+            return Err((body, Outcome::Fatal));
         }
+        Ok(Checked {
+            stream,
+            request,
+            sql: sql.into(),
+            server_timeout,
+            leaves_state,
+        })
+    }
+
+    /// Answers one `REQUEST` frame completely, and with it (pipelined, see
+    /// [`pipeline`]) the requests queued behind it that may share the session's
+    /// pipeline. Returns what the serving loop must do and how many requests were
+    /// answered. `Err` only when the link is gone.
+    pub async fn serve(&mut self, frame: Frame, queue: &Queue, link: &LinkOut) -> Result<(Outcome, u64), LinkGone> {
+        let stream = frame.stream;
+        let checked = match self.inspect(&frame) {
+            Ok(c) => c,
+            Err((body, outcome)) => {
+                self.tracker.finish(stream).await;
+                Emitter::new(link, stream, self.limits).fail(body).await?;
+                return Ok((outcome, 1));
+            }
+        };
+        if self.may_pipeline(&checked) && queue.peek_request(|_| ()).is_some() {
+            return self.run_pipeline(checked, queue, link).await;
+        }
+        self.run_alone(checked, link).await.map(|o| (o, 1))
+    }
+
+    /// Runs one checked request by itself, with the session to itself.
+    async fn run_alone(&mut self, checked: Checked, link: &LinkOut) -> Result<Outcome, LinkGone> {
+        let Checked {
+            stream,
+            request,
+            sql: single_sql,
+            server_timeout,
+            leaves_state,
+        } = checked;
+        let mut out = Emitter::new(link, stream, self.limits);
         if let Err(reason) = self.tracker.start(stream) {
             self.tracker.finish(stream).await;
             let code = stop_code(reason);
@@ -267,8 +288,7 @@ impl Executor {
         if self.track_gtid && settled && result.is_ok() && commits_out_of_sight(&request) {
             self.ask_last_gtid(&mut acc).await;
         }
-        let fatal = matches!(&result, Err(ExecError::Db(e)) if session::classify(e) == ErrorClass::Fatal)
-            || matches!(&result, Err(ExecError::Lost(_)));
+        let fatal = is_fatal(&result);
         let cleaned = if fatal || matches!(result, Err(ExecError::Link(_))) {
             Ok(false)
         } else if !settled {
@@ -289,8 +309,8 @@ impl Executor {
         let result = match (result, cleaned) {
             (Ok(()), Ok(true)) => Err(ExecError::LeftOpen),
             (r, Ok(_)) => r,
-            // The session's state is unknown: answer with a fatal error (a non-server
-            // error is classified fatal), then let a fresh worker take over.
+            // The session's state is unknown: answer with a fatal error, then let a fresh
+            // worker take over.
             (r, Err(why)) => {
                 let what = match &r {
                     Ok(()) => "the request succeeded".to_string(),
@@ -301,35 +321,67 @@ impl Executor {
                 )))
             }
         };
+        answer(&mut out, result, stop, !request.batch.is_empty(), &acc, elapsed).await
+    }
+}
 
-        match result {
-            Ok(()) => {
-                out.flush_rows(false).await?;
-                let end = End {
-                    affected_rows: acc.affected_rows,
-                    last_insert_id: acc.last_insert_id,
-                    warnings: acc.warnings,
-                    rows: out.sent_rows,
-                    server_time_us: elapsed,
-                    queue_time_us: 0,
-                    gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
-                };
-                out.end(&end).await?;
-                Ok(Outcome::Served)
+/// Sends a request's terminal frames: `END` with the summary, or `ERROR` + `END`.
+pub(crate) async fn answer(
+    out: &mut Emitter<'_>,
+    result: Result<(), ExecError>,
+    stop: Option<StopReason>,
+    batch: bool,
+    acc: &Summary,
+    elapsed: u64,
+) -> Result<Outcome, LinkGone> {
+    let stream = out.stream;
+    match result {
+        Ok(()) => {
+            out.flush_rows(false).await?;
+            let end = End {
+                affected_rows: acc.affected_rows,
+                last_insert_id: acc.last_insert_id,
+                warnings: acc.warnings,
+                rows: out.sent_rows,
+                server_time_us: elapsed,
+                queue_time_us: 0,
+                gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
+            };
+            out.end(&end).await?;
+            Ok(Outcome::Served)
+        }
+        Err(ExecError::Link(gone)) => Err(gone),
+        Err(e) => {
+            let (body, outcome) = error_body(&e, stop, batch);
+            match outcome {
+                Outcome::Fatal => warn!(stream, error = %e, "fatal database error"),
+                Outcome::Served => debug!(stream, error = %e, "request failed"),
             }
-            Err(ExecError::Link(gone)) => Err(gone),
-            Err(e) => {
-                let (body, outcome) = error_body(&e, stop, !request.batch.is_empty());
-                match outcome {
-                    Outcome::Fatal => warn!(stream, error = %e, "fatal database error"),
-                    Outcome::Served => debug!(stream, error = %e, "request failed"),
-                }
-                out.discard();
-                out.fail(body).await?;
-                Ok(outcome)
-            }
+            out.discard();
+            out.fail(body).await?;
+            Ok(outcome)
         }
     }
+}
+
+/// The error ends the session.
+pub(crate) fn is_fatal<T>(result: &Result<T, ExecError>) -> bool {
+    match result {
+        Err(ExecError::Db(e)) => session::classify(e) == ErrorClass::Fatal,
+        Err(ExecError::Lost(_)) => true,
+        _ => false,
+    }
+}
+
+/// A request that passed [`Executor::inspect`].
+pub(crate) struct Checked {
+    pub(crate) stream: u32,
+    pub(crate) request: Request,
+    /// The single statement's text as sent (with the server-side timeout, if any).
+    pub(crate) sql: std::sync::Arc<str>,
+    pub(crate) server_timeout: Option<u64>,
+    /// The request may leave session state behind (or `session_reset = always`).
+    pub(crate) leaves_state: bool,
 }
 
 impl Executor {
@@ -449,7 +501,7 @@ async fn reset_connection(conn: &mut Session, mariadb: bool, track_gtid: bool) -
 
 /// Sums over the statements of a request.
 #[derive(Debug, Default)]
-struct Summary {
+pub(crate) struct Summary {
     affected_rows: u64,
     last_insert_id: Option<u64>,
     warnings: u32,
@@ -759,7 +811,7 @@ fn stop_code(reason: StopReason) -> ErrorCode {
 }
 
 /// Builds the frames of one stream: result sets, row batches, the terminal frame.
-struct Emitter<'o> {
+pub(crate) struct Emitter<'o> {
     link: &'o LinkOut,
     stream: u32,
     limits: BatchLimits,
@@ -767,6 +819,9 @@ struct Emitter<'o> {
     rows: Vec<Vec<Value>>,
     bytes: usize,
     sent_rows: u64,
+    /// Result sets and rows are dropped, not sent (a pipelined statement cancelled before
+    /// it ran: its result is read from the session, and thrown away).
+    discarding: bool,
 }
 
 impl<'o> Emitter<'o> {
@@ -779,6 +834,7 @@ impl<'o> Emitter<'o> {
             rows: Vec::new(),
             bytes: 0,
             sent_rows: 0,
+            discarding: false,
         }
     }
 
@@ -789,6 +845,9 @@ impl<'o> Emitter<'o> {
     }
 
     async fn columns(&mut self, columns: &[osprey_wire::Column]) -> Result<(), LinkGone> {
+        if self.discarding {
+            return Ok(());
+        }
         self.flush_rows(false).await?;
 
         let body = Columns {
@@ -801,6 +860,9 @@ impl<'o> Emitter<'o> {
     }
 
     async fn row(&mut self, row: Vec<Value>) -> Result<(), ExecError> {
+        if self.discarding {
+            return Ok(());
+        }
         let size = 5 + row.iter().map(convert::encoded_size_bound).sum::<usize>();
         if size > self.limits.max_payload.saturating_sub(FRAME_SLACK) {
             return Err(ExecError::RowTooLarge(size));

@@ -287,9 +287,12 @@ async fn serve(
     loop {
         match link.next(out).await? {
             Wake::Event(Event::Request(frame)) => {
-                let outcome = link.drive(out, exec.serve(frame, out)).await??;
+                let queue = link.queue();
+                let (outcome, answered) = link.drive(out, exec.serve(frame, &queue, out)).await??;
                 last_db_use = Instant::now();
-                recycler.served_one();
+                for _ in 0..answered {
+                    recycler.served_one();
+                }
                 if outcome == Outcome::Fatal {
                     out.flush().await?;
                     return Ok(exit::DATABASE_FATAL);

@@ -69,12 +69,9 @@ async fn collect_rows(session: &mut Session) -> Result<Vec<Vec<Value>>, Error> {
     let mut rows = Vec::new();
     loop {
         match session.next_event().await? {
-            osprey_wire::Event::Row(row) => rows.push(
-                row.unwrap_raw()
-                    .into_iter()
-                    .map(|v| v.unwrap_or(Value::NULL))
-                    .collect(),
-            ),
+            osprey_wire::Event::Row(row) => {
+                rows.push(row.unwrap_raw().into_iter().map(|v| v.unwrap_or(Value::NULL)).collect())
+            }
             osprey_wire::Event::End {
                 more_results: false, ..
             } => return Ok(rows),
