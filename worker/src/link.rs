@@ -16,7 +16,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use osprey_protocol::{
     Cancel, End, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Origin, Ping, ProtocolError,
     CANCEL_RECLAIM, HEADER_LEN, PROTOCOL_MAJOR,
@@ -523,6 +523,9 @@ impl Link {
     pub async fn next(&mut self, out: &LinkOut) -> Result<Wake, LinkEnd> {
         loop {
             if let Some(ev) = self.events.pop() {
+                if matches!(ev, Event::Request(_)) {
+                    self.take_buffered(out)?;
+                }
                 return Ok(Wake::Event(ev));
             }
             tokio::select! {
@@ -535,6 +538,18 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// Queues the frames already read (or readable without waiting), so that the executor
+    /// sees the requests that came with this one and can pipeline them.
+    fn take_buffered(&mut self, out: &LinkOut) -> Result<(), LinkEnd> {
+        while self.events.len() < MAX_QUEUED_EVENTS {
+            match self.reader.next().now_or_never() {
+                Some(next) => self.on_frame(next, out)?,
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     /// Runs `work` (a statement, a connect) while answering pings, acting on cancels and
