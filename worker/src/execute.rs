@@ -85,6 +85,9 @@ pub struct Executor {
     track_gtid: bool,
     /// The session's `@@last_gtid` as last seen (`None`: empty, as after a reset).
     session_gtid: Option<String>,
+    /// A statement text to prepare when the session is next idle: a variant that a
+    /// request needed to join a pipeline (see [`pipeline`]).
+    to_prepare: Option<std::sync::Arc<str>>,
 }
 
 impl Executor {
@@ -107,6 +110,7 @@ impl Executor {
             max_packet,
             track_gtid,
             session_gtid: None,
+            to_prepare: None,
         }
     }
 

@@ -508,3 +508,97 @@ async fn cancel_in_a_pipeline_hits_only_its_statement() {
     let r = w.ok(6, &Request::sql("SELECT 6")).await;
     assert_eq!(r.rows[0], vec![vec![Value::Int(6)]]);
 }
+
+/// The same for a prepared statement running with statements behind it: the processlist
+/// shows its text, and it alone is stopped.
+#[tokio::test]
+async fn cancel_of_a_running_prepared_statement_in_a_pipeline() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+    let id = ready.db_connection_id;
+    // Cached, so that it may be pipelined.
+    w.ok(1, &params("SELECT SLEEP(?)", vec![Value::Int(0)])).await;
+    let reqs = vec![
+        (2, Request::sql("SELECT SLEEP(0.3)")),
+        (3, params("SELECT SLEEP(?)", vec![Value::Int(30)])),
+        (4, Request::sql("SELECT 4")),
+    ];
+    let streams = [2, 3, 4];
+    w.send_all(&reqs).await;
+    let mut p = Pipelined {
+        responses: HashMap::new(),
+        end_order: Vec::new(),
+        started: HashMap::new(),
+    };
+    w.collect_until(&mut p, &streams, &[2]).await;
+    until("SLEEP(?) to run", || async {
+        let mut c = direct(&sandbox).await;
+        let info: Option<Option<String>> = c
+            .exec_first("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = ?", (id,))
+            .await
+            .unwrap();
+        c.disconnect().await.unwrap();
+        info.flatten()
+            .is_some_and(|i| i.contains("SLEEP(") && !i.contains("0.3"))
+    })
+    .await;
+    let sent = Instant::now();
+    w.send(Frame::new(Kind::Cancel, 3, &Cancel { reason: "test".into() }))
+        .await;
+    w.collect_until(&mut p, &streams, &streams).await;
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "cancel took {:?}",
+        sent.elapsed()
+    );
+    assert_eq!(p.end_order, streams);
+    assert!(
+        p.started.contains_key(&3) && p.started.contains_key(&4),
+        "{:?}",
+        p.started
+    );
+    let e = p.responses[&3].error.as_ref().expect("3 cancelled");
+    assert_eq!(
+        (e.code, e.errno, e.dispatched),
+        (ErrorCode::Cancelled, Some(1317), true),
+        "{e:?}"
+    );
+    assert_eq!(p.responses[&4].rows[0], vec![vec![Value::Int(4)]], "4 unharmed");
+}
+
+/// The same prepared text with other parameters (the point select) shares a pipeline:
+/// repeated texts go as tagged variants, prepared once when the session is idle.
+#[tokio::test]
+async fn repeated_texts_share_a_pipeline() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+    w.ok(1, &params("SELECT ? + 0", vec![Value::Int(0)])).await;
+    let mut next = 100;
+    let mut all_started = false;
+    // The variants get prepared over the first rounds; then everything is pipelined.
+    for _round in 0..6 {
+        let mut reqs = vec![(next, Request::sql("SELECT SLEEP(0.1)"))];
+        for i in 1..=4 {
+            reqs.push((next + i, params("SELECT ? + 0", vec![Value::Int(i64::from(next + i))])));
+            reqs.push((next + 10 + i, Request::sql("SELECT 7")));
+        }
+        let streams: Vec<u32> = reqs.iter().map(|(s, _)| *s).collect();
+        w.send_all(&reqs).await;
+        let p = w.collect(&streams).await;
+        assert_eq!(p.end_order, streams);
+        for i in 1..=4 {
+            assert_eq!(
+                p.responses[&(next + i)].rows[0],
+                vec![vec![Value::Int(i64::from(next + i))]]
+            );
+            assert_eq!(p.responses[&(next + 10 + i)].rows[0], vec![vec![Value::Int(7)]]);
+        }
+        if p.started.len() == streams.len() - 1 {
+            all_started = true;
+            break;
+        }
+        next += 100;
+    }
+    assert!(all_started, "repeated texts never all pipelined");
+    let _ = ready;
+}

@@ -17,7 +17,11 @@
 //! - with `timeout_ms`, only when the server bounds it itself (`SET STATEMENT
 //!   max_statement_time`, a plain SELECT): a KILL timer would need the session alone;
 //! - its text as sent differs from every other statement in the pipeline (so that the
-//!   processlist tells which one runs: see cancel below);
+//!   processlist tells which one runs: see cancel below). A text already in the pipeline
+//!   (the same point select with other parameters, typically) is sent with a leading
+//!   comment that tells it apart, `/* osprey:N */ `, N the smallest free; prepared, that
+//!   variant is one more cached statement, prepared when the session is next idle (until
+//!   then the request waits its turn);
 //! - no stop was asked for it while it was queued, nor for the statement now running.
 //!
 //! The first request that does not qualify is a barrier: nothing is written past it; it
@@ -93,6 +97,13 @@ impl Executor {
             let body = ErrorBody::undispatched(Origin::Worker, stop_code(reason), "stopped before it started");
             Emitter::new(link, stream, self.limits).fail(body).await?;
             return Ok((Outcome::Served, 1));
+        }
+        if let Some(sql) = self.to_prepare.take() {
+            // A variant a request could not be pipelined without (see the rules); a failure
+            // here shows again, where it matters, when a statement is sent.
+            if let Err(e) = self.conn.prepare(&sql).await {
+                debug!(error = %e, "preparing a pipeline variant failed");
+            }
         }
         let unsent = send_statement(&mut self.conn, &head.sql, &head.request.params)
             .await
@@ -210,11 +221,22 @@ impl Executor {
             if self.tracker.stopping(running.stream) {
                 return Ok(());
             }
-            let Some(Ok(c)) = queue.peek_request(|f| self.inspect(f)) else {
+            let Some(Ok(mut c)) = queue.peek_request(|f| self.inspect(f)) else {
                 return Ok(());
             };
-            if !self.may_pipeline(&c) || c.sql == running.sql || slots.iter().any(|s| s.checked.sql == c.sql) {
+            if !self.may_pipeline(&c) {
                 return Ok(());
+            }
+            let in_flight =
+                |sql: &str| running.sql.as_ref() == sql || slots.iter().any(|s| s.checked.sql.as_ref() == sql);
+            if in_flight(&c.sql) {
+                let Some(tagged) = (1..=MAX_PIPELINE_DEPTH + 1)
+                    .map(|n| format!("/* osprey:{n} */ {}", c.sql))
+                    .find(|t| !in_flight(t))
+                else {
+                    return Ok(());
+                };
+                c.sql = tagged.into();
             }
             let stmt = if c.request.params.is_empty() {
                 None
@@ -222,7 +244,11 @@ impl Executor {
                 // Cached only: with responses pending, a miss is refused without a round trip.
                 match self.conn.prepare(&c.sql).await {
                     Ok(stmt) if usize::from(stmt.num_params()) == c.request.params.len() => Some(stmt),
-                    _ => return Ok(()),
+                    Ok(_) => return Ok(()),
+                    Err(_) => {
+                        self.to_prepare = Some(c.sql.clone());
+                        return Ok(());
+                    }
                 }
             };
             if self.tracker.write_ahead(c.stream).is_err() {
