@@ -88,6 +88,8 @@ pub struct Executor {
     /// A statement text to prepare when the session is next idle: a variant that a
     /// request needed to join a pipeline (see [`pipeline`]).
     to_prepare: Option<std::sync::Arc<str>>,
+    /// Which texts are known to run fast (nothing is pipelined behind the others).
+    speeds: pipeline::Speeds,
 }
 
 impl Executor {
@@ -111,6 +113,7 @@ impl Executor {
             track_gtid,
             session_gtid: None,
             to_prepare: None,
+            speeds: pipeline::Speeds::default(),
         }
     }
 
@@ -287,6 +290,9 @@ impl Executor {
         }
         let elapsed = started.elapsed().as_micros() as u64;
         let stop = self.tracker.reason(stream);
+        if request.batch.is_empty() && !matches!(result, Err(ExecError::Link(_))) {
+            self.speeds.note(&request.sql, elapsed, stop.is_some());
+        }
         // Waits for a KILL QUERY in flight, so it cannot hit the clean-up below.
         let settled = self.tracker.finish(stream).await;
         if self.track_gtid && settled && result.is_ok() && commits_out_of_sight(&request) {

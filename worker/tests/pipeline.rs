@@ -300,24 +300,27 @@ async fn direct(sandbox: &Sandbox) -> mysql_async::Conn {
 async fn mixed_pipeline_with_one_failure() {
     let sandbox = Sandbox::start(0).await.unwrap();
     let mut db = direct(&sandbox).await;
-    db.query_drop("CREATE TABLE t_pipe (id INT PRIMARY KEY, v VARCHAR(20))")
+    db.query_drop("CREATE TABLE t_pipe (id INT AUTO_INCREMENT PRIMARY KEY, v VARCHAR(20))")
         .await
         .unwrap();
     let (mut w, _ready) = start_worker(settings(&sandbox)).await;
-    // The prepared statement is cached after its first run: then it may be pipelined.
-    w.ok(1, &params("SELECT ? + 1", vec![Value::Int(1)])).await;
-
     // A slow first statement, so that the others are queued behind it in the worker;
     // they then go as one pipeline.
     let reqs = vec![
         (10, Request::sql("SELECT SLEEP(0.3)")),
         (11, Request::sql("SELECT 11")),
-        (12, Request::sql("INSERT INTO t_pipe VALUES (1, 'one')")),
+        (12, Request::sql("INSERT INTO t_pipe (v) VALUES ('one')")),
         (13, Request::sql("SELEC 13")),
         (14, params("SELECT ? + 1", vec![Value::Int(13)])),
-        (15, Request::sql("INSERT INTO t_pipe VALUES (2, 'two')")),
+        (15, Request::sql("INSERT INTO t_pipe (v) VALUES ('two')")),
         (16, Request::sql("SELECT id, v FROM t_pipe ORDER BY id")),
     ];
+    // Each text once alone: then it is known to be fast (and the prepared one cached),
+    // which it must be to have statements pipelined behind it.
+    for (i, (_, req)) in reqs.iter().enumerate().skip(1) {
+        w.request(1 + i as u32, req).await;
+    }
+    db.query_drop("TRUNCATE t_pipe").await.unwrap();
     w.send_all(&reqs).await;
     let streams: Vec<u32> = reqs.iter().map(|(s, _)| *s).collect();
     let p = w.collect(&streams).await;
@@ -339,6 +342,7 @@ async fn mixed_pipeline_with_one_failure() {
     assert_eq!(r[&11].rows[0], vec![vec![Value::Int(11)]]);
     assert_eq!(r[&12].end.affected_rows, 1);
     assert!(r[&12].error.is_none());
+    assert!(r[&11].error.is_none(), "{:?}", r[&11].error);
     let e = r[&13].error.as_ref().expect("the syntax error");
     assert_eq!(
         (e.origin, e.code, e.errno, e.dispatched),
@@ -409,8 +413,8 @@ async fn values_are_the_same_pipelined() {
     assert_eq!(p.end_order, streams);
     assert_eq!(
         p.started.len(),
-        reqs.len(),
-        "all pipelined behind the SLEEP: {:?}",
+        reqs.len() - 1,
+        "all pipelined (the SLEEP is not known fast: the first after it runs with the rest behind it): {:?}",
         p.started
     );
     for (stream, _) in &reqs {
@@ -456,11 +460,16 @@ async fn cancel_in_a_pipeline_hits_only_its_statement() {
     let sandbox = Sandbox::start(0).await.unwrap();
     let (mut w, ready) = start_worker(settings(&sandbox)).await;
     let id = ready.db_connection_id;
+    // Known to be fast (they ran fast before), so that statements go behind them.
+    w.ok(90, &params("SELECT SLEEP(?)", vec![Value::Int(0)])).await;
+    w.ok(91, &params("SELECT SLEEP(?), 4", vec![Value::Int(0)])).await;
+    w.ok(92, &Request::sql("SELECT 3")).await;
+    w.ok(93, &Request::sql("SELECT 5")).await;
     let reqs = vec![
         (1, Request::sql("SELECT SLEEP(0.3)")),
-        (2, Request::sql("SELECT SLEEP(30)")),
+        (2, params("SELECT SLEEP(?)", vec![Value::Int(30)])),
         (3, Request::sql("SELECT 3")),
-        (4, Request::sql("SELECT SLEEP(30), 4")),
+        (4, params("SELECT SLEEP(?), 4", vec![Value::Int(30)])),
         (5, Request::sql("SELECT 5")),
     ];
     w.send_all(&reqs).await;
@@ -473,8 +482,8 @@ async fn cancel_in_a_pipeline_hits_only_its_statement() {
     };
     w.collect_until(&mut p, &streams, &[1]).await;
     assert!(p.responses[&1].error.is_none());
-    until("SLEEP(30) to run", || async {
-        processlist_has(&sandbox, id, "SELECT SLEEP(30)").await
+    until("SLEEP(?) to run", || async {
+        processlist_has(&sandbox, id, "SELECT SLEEP(?)").await
     })
     .await;
     // Cancel the written-but-waiting 4 first, then the running 2.
@@ -516,8 +525,9 @@ async fn cancel_of_a_running_prepared_statement_in_a_pipeline() {
     let sandbox = Sandbox::start(0).await.unwrap();
     let (mut w, ready) = start_worker(settings(&sandbox)).await;
     let id = ready.db_connection_id;
-    // Cached, so that it may be pipelined.
+    // Cached and known to be fast, so that it may be pipelined, with others behind it.
     w.ok(1, &params("SELECT SLEEP(?)", vec![Value::Int(0)])).await;
+    w.ok(9, &Request::sql("SELECT 4")).await;
     let reqs = vec![
         (2, Request::sql("SELECT SLEEP(0.3)")),
         (3, params("SELECT SLEEP(?)", vec![Value::Int(30)])),
@@ -552,11 +562,7 @@ async fn cancel_of_a_running_prepared_statement_in_a_pipeline() {
         sent.elapsed()
     );
     assert_eq!(p.end_order, streams);
-    assert!(
-        p.started.contains_key(&3) && p.started.contains_key(&4),
-        "{:?}",
-        p.started
-    );
+    assert!(p.started.contains_key(&4), "{:?}", p.started);
     let e = p.responses[&3].error.as_ref().expect("3 cancelled");
     assert_eq!(
         (e.code, e.errno, e.dispatched),
@@ -573,6 +579,7 @@ async fn repeated_texts_share_a_pipeline() {
     let sandbox = Sandbox::start(0).await.unwrap();
     let (mut w, ready) = start_worker(settings(&sandbox)).await;
     w.ok(1, &params("SELECT ? + 0", vec![Value::Int(0)])).await;
+    w.ok(2, &Request::sql("SELECT 7")).await;
     let mut next = 100;
     let mut all_started = false;
     // The variants get prepared over the first rounds; then everything is pipelined.
@@ -593,7 +600,8 @@ async fn repeated_texts_share_a_pipeline() {
             );
             assert_eq!(p.responses[&(next + 10 + i)].rows[0], vec![vec![Value::Int(7)]]);
         }
-        if p.started.len() == streams.len() - 1 {
+        // All but the SLEEP (not known fast) and the first after it.
+        if p.started.len() == streams.len() - 2 {
             all_started = true;
             break;
         }
@@ -601,4 +609,78 @@ async fn repeated_texts_share_a_pipeline() {
     }
     assert!(all_started, "repeated texts never all pipelined");
     let _ = ready;
+}
+
+/// The session dies under a pipeline: every written statement is answered DATABASE_FATAL
+/// with dispatched=true, and the worker exits 2; a request not yet written stays
+/// unanswered (the dispatcher re-queues it).
+#[tokio::test]
+async fn a_lost_session_fails_every_written_statement() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, ready) = start_worker(settings(&sandbox)).await;
+    let id = ready.db_connection_id;
+    w.ok(90, &params("SELECT SLEEP(?)", vec![Value::Int(0)])).await;
+    w.ok(91, &Request::sql("SELECT 3")).await;
+    w.ok(92, &Request::sql("SELECT 4")).await;
+    let reqs = vec![
+        (1, Request::sql("SELECT SLEEP(0.3)")),
+        (2, params("SELECT SLEEP(?)", vec![Value::Int(30)])),
+        (3, Request::sql("SELECT 3")),
+        (4, Request::sql("SELECT 4")),
+        // A barrier: not written behind the others.
+        (5, Request::sql("SET @x = 1")),
+    ];
+    let streams = [1, 2, 3, 4, 5];
+    w.send_all(&reqs).await;
+    let mut p = Pipelined {
+        responses: HashMap::new(),
+        end_order: Vec::new(),
+        started: HashMap::new(),
+    };
+    w.collect_until(&mut p, &streams, &[1]).await;
+    until("SLEEP(?) to run", || async {
+        processlist_has(&sandbox, id, "SELECT SLEEP(?)").await
+    })
+    .await;
+    let mut admin = direct(&sandbox).await;
+    admin.query_drop(format!("KILL {id}")).await.unwrap();
+    w.collect_until(&mut p, &streams, &[2, 3, 4]).await;
+    assert_eq!(p.end_order, vec![1, 2, 3, 4]);
+    for s in [2, 3, 4] {
+        let e = p.responses[&s].error.as_ref().expect("failed");
+        assert_eq!(
+            (e.code, e.dispatched),
+            (ErrorCode::DatabaseFatal, true),
+            "stream {s}: {e:?}"
+        );
+    }
+    assert!(!p.started.contains_key(&5));
+    assert_eq!(w.exit_status().await.code(), Some(2));
+}
+
+/// Nothing is written behind a statement not known to be fast (never run here, or slow
+/// last time): a slow one cannot hold fast ones, which the dispatcher may still take back.
+#[tokio::test]
+async fn nothing_waits_behind_a_statement_not_known_fast() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, _ready) = start_worker(settings(&sandbox)).await;
+    w.ok(1, &Request::sql("SELECT 3")).await;
+    w.ok(2, &Request::sql("SELECT SLEEP(0.05)")).await;
+    let reqs = vec![
+        (10, Request::sql("SELECT SLEEP(0.2)")),
+        (11, Request::sql("SELECT SLEEP(0.05)")),
+        (12, Request::sql("SELECT 3")),
+        (13, Request::sql("SELECT 3 + 0")),
+    ];
+    w.send_all(&reqs).await;
+    let streams: Vec<u32> = reqs.iter().map(|(s, _)| *s).collect();
+    let p = w.collect(&streams).await;
+    assert_eq!(p.end_order, streams);
+    // Not behind the slow 11; the new 13 may go last, behind the known-fast 12.
+    assert_eq!(
+        p.started.keys().copied().collect::<Vec<_>>(),
+        vec![13],
+        "{:?}",
+        p.started
+    );
 }

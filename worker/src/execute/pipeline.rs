@@ -24,6 +24,12 @@
 //!   then the request waits its turn);
 //! - no stop was asked for it while it was queued, nor for the statement now running.
 //!
+//! Nothing is written behind a statement that is not known to be fast: one whose text
+//! (the request's SQL) ran on this worker before, last time in under [`FAST_BOUND_US`]
+//! and without being stopped. So one slow statement cannot hold fast ones behind it: the
+//! dispatcher can still take those back (reclaim) and give them to another worker. A slow
+//! or unknown one may still be the last of a pipeline.
+//!
 //! The first request that does not qualify is a barrier: nothing is written past it; it
 //! runs alone once everything written is answered. At most the requests the link has
 //! queued are written (the dispatcher bounds them by `pipeline_depth`), and never more
@@ -66,6 +72,34 @@ use super::{
     ExecError, Executor, Outcome, Summary,
 };
 use crate::link::{LinkGone, LinkOut, Queue};
+
+/// A statement that took this long (µs) or more is not known to be fast.
+pub const FAST_BOUND_US: u64 = 10_000;
+/// Texts remembered as fast at most; past it the memory starts again.
+const MAX_FAST_TEXTS: usize = 4096;
+
+/// The texts known to be fast ([`FAST_BOUND_US`]).
+#[derive(Debug, Default)]
+pub(crate) struct Speeds(std::collections::HashSet<String>);
+
+impl Speeds {
+    /// `sql` ran in `elapsed_us`; `stopped`: it was cancelled or timed out, which says
+    /// nothing about its speed unless it was slow anyway.
+    pub(crate) fn note(&mut self, sql: &str, elapsed_us: u64, stopped: bool) {
+        if elapsed_us >= FAST_BOUND_US {
+            self.0.remove(sql);
+        } else if !stopped && !self.0.contains(sql) {
+            if self.0.len() >= MAX_FAST_TEXTS {
+                self.0.clear();
+            }
+            self.0.insert(sql.to_owned());
+        }
+    }
+
+    pub(crate) fn is_fast(&self, sql: &str) -> bool {
+        self.0.contains(sql)
+    }
+}
 
 /// A statement written to the session, its result still to be read.
 struct Slot {
@@ -132,6 +166,13 @@ impl Executor {
             };
             let elapsed = started.elapsed().as_micros() as u64;
             let stop = self.tracker.reason(stream);
+            if !matches!(result, Err(ExecError::Link(_)) | Err(ExecError::Lost(_))) {
+                self.speeds.note(
+                    &slot.checked.request.sql,
+                    elapsed,
+                    stop.is_some() || stopped_before.is_some(),
+                );
+            }
             let settled = self.tracker.finish(stream).await;
             answered += 1;
             if lost.is_none() && is_fatal(&result) {
@@ -217,6 +258,13 @@ impl Executor {
         queue: &Queue,
         link: &LinkOut,
     ) -> Result<(), LinkGone> {
+        if !self.speeds.is_fast(&running.request.sql)
+            || slots
+                .back()
+                .is_some_and(|s| !self.speeds.is_fast(&s.checked.request.sql))
+        {
+            return Ok(());
+        }
         while slots.len() < MAX_PIPELINE_DEPTH {
             if self.tracker.stopping(running.stream) {
                 return Ok(());
@@ -269,10 +317,15 @@ impl Executor {
                 }
             };
             debug!(stream = c.stream, behind = slots.len() + 1, "pipelined");
+            let fast = self.speeds.is_fast(&c.request.sql);
             slots.push_back(Slot {
                 checked: c,
                 unsent: sent.err().map(ExecError::Db),
             });
+            if !fast {
+                // It may be slow: nothing behind it.
+                return Ok(());
+            }
         }
         Ok(())
     }
