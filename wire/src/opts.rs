@@ -53,10 +53,16 @@ pub struct Opts {
     /// Ask for `CLIENT_DEPRECATE_EOF` (result sets end with an OK packet, not EOF). On by
     /// default; off exercises the older EOF-terminated result sets.
     pub deprecate_eof: bool,
+    /// Ask a MariaDB server (10.6+) for `MARIADB_CLIENT_CACHE_METADATA`: an execute's
+    /// result set then comes without column definitions when they have not changed since
+    /// the statement last sent them, and the statement's own are used. On by default (as
+    /// `mysql_async` asks); off exercises full metadata on every execute.
+    pub cache_metadata: bool,
 }
 
 impl Opts {
-    /// Options with the defaults: no database, no TLS, 10 s connect timeout.
+    /// Options with the defaults: no database, no TLS, 10 s connect timeout, DEPRECATE_EOF
+    /// and metadata caching asked for.
     pub fn new(host: impl Into<String>, port: u16, user: impl Into<String>, password: impl Into<String>) -> Opts {
         Opts {
             host: host.into(),
@@ -67,6 +73,7 @@ impl Opts {
             tls: None,
             connect_timeout: Duration::from_secs(10),
             deprecate_eof: true,
+            cache_metadata: true,
         }
     }
 

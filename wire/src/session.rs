@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use mysql_common::constants::{CapabilityFlags, StatusFlags, UTF8MB4_GENERAL_CI};
+use mysql_common::constants::{CapabilityFlags, MariadbCapabilities, StatusFlags, UTF8MB4_GENERAL_CI};
 use mysql_common::io::ParseBuf;
 use mysql_common::packets::{
     Column, ComChangeUser, ComChangeUserMoreData, ComStmtClose, ComStmtExecuteRequestBuilder, ComStmtSendLongData,
@@ -68,6 +68,8 @@ enum Proto {
 #[derive(Debug)]
 struct Pending {
     proto: Proto,
+    /// The executed statement (binary results): its columns stand in for skipped metadata.
+    stmt: Option<Statement>,
     /// The sequence id the response's first packet carries.
     first_seq: u8,
     started: bool,
@@ -101,6 +103,8 @@ pub struct Session {
     io: PacketIo,
     opts: Opts,
     caps: CapabilityFlags,
+    mariadb_caps: MariadbCapabilities,
+    metadata_skips: u64,
     conn_id: u32,
     version: (u16, u16, u16),
     version_text: String,
@@ -137,6 +141,8 @@ impl Session {
             io: est.io,
             opts: opts.clone(),
             caps: est.caps,
+            mariadb_caps: est.mariadb_caps,
+            metadata_skips: 0,
             conn_id: est.conn_id,
             version: est.version,
             version_text: est.version_text,
@@ -181,6 +187,18 @@ impl Session {
     /// The capabilities in use (ours and the server's).
     pub fn capabilities(&self) -> CapabilityFlags {
         self.caps
+    }
+
+    /// `MARIADB_CLIENT_CACHE_METADATA` is in use.
+    pub fn caches_metadata(&self) -> bool {
+        self.mariadb_caps
+            .contains(MariadbCapabilities::MARIADB_CLIENT_CACHE_METADATA)
+    }
+
+    /// Binary result sets that came without column definitions (the statement's cached
+    /// ones were used), since connect.
+    pub fn metadata_skips(&self) -> u64 {
+        self.metadata_skips
     }
 
     /// The options the session was opened with.
@@ -260,7 +278,7 @@ impl Session {
         body.push(COM_QUERY);
         body.extend_from_slice(sql.as_bytes());
         let first_seq = self.queue_command(&body)?;
-        self.push_pending(Proto::Text, first_seq);
+        self.push_pending(Proto::Text, None, first_seq);
         Ok(())
     }
 
@@ -299,13 +317,14 @@ impl Session {
             }
         }
         let first_seq = self.queue_command(&body)?;
-        self.push_pending(Proto::Binary, first_seq);
+        self.push_pending(Proto::Binary, Some(stmt.clone()), first_seq);
         Ok(())
     }
 
-    fn push_pending(&mut self, proto: Proto, first_seq: u8) {
+    fn push_pending(&mut self, proto: Proto, stmt: Option<Statement>, first_seq: u8) {
         self.pending.push_back(Pending {
             proto,
+            stmt,
             first_seq,
             started: false,
         });
@@ -379,14 +398,25 @@ impl Session {
                     let mut buf = ParseBuf(&packet);
                     let count = buf
                         .checked_eat_lenenc_int()
-                        .filter(|n| (1..=MAX_COLUMNS).contains(n) && buf.is_empty())
+                        .filter(|n| (1..=MAX_COLUMNS).contains(n))
                         .ok_or_else(|| Error::protocol("bad column count packet"))?;
                     let want = count as usize;
-                    self.phase = Phase::Columns {
-                        want,
-                        cols: Vec::with_capacity(want.min(1024)),
+                    let follows = if self.caches_metadata() {
+                        buf.checked_eat_u8()
+                    } else {
+                        Some(1)
                     };
-                    Ok(None)
+                    match follows {
+                        Some(1) if buf.is_empty() => {
+                            self.phase = Phase::Columns {
+                                want,
+                                cols: Vec::with_capacity(want.min(1024)),
+                            };
+                            Ok(None)
+                        }
+                        Some(0) if buf.is_empty() => self.cached_columns(want),
+                        _ => Err(Error::protocol("bad column count packet")),
+                    }
                 }
             },
             Phase::Columns { want, mut cols } => {
@@ -396,6 +426,9 @@ impl Session {
                     return Ok(None);
                 }
                 let cols: Arc<[Column]> = cols.into();
+                if let Some(stmt) = self.pending.front().and_then(|p| p.stmt.as_ref()) {
+                    stmt.set_columns(cols.clone());
+                }
                 if self.deprecate_eof() {
                     self.phase = Phase::Rows { cols: cols.clone() };
                     Ok(Some(Event::Columns(cols)))
@@ -420,6 +453,28 @@ impl Session {
                 self.phase = Phase::Rows { cols };
                 Ok(Some(Event::Row(row)))
             }
+        }
+    }
+
+    /// A result set whose definitions the server left out: the executed statement's.
+    fn cached_columns(&mut self, want: usize) -> Result<Option<Event>> {
+        let Some(stmt) = self.pending.front().and_then(|p| p.stmt.as_ref()) else {
+            return Err(Error::protocol("column definitions left out of a text result"));
+        };
+        let cols = stmt.columns();
+        if cols.len() != want {
+            return Err(Error::protocol(format!(
+                "column definitions left out for {want} columns, but the statement has {}",
+                cols.len()
+            )));
+        }
+        self.metadata_skips += 1;
+        if self.deprecate_eof() {
+            self.phase = Phase::Rows { cols: cols.clone() };
+            Ok(Some(Event::Columns(cols)))
+        } else {
+            self.phase = Phase::ColumnsEof { cols };
+            Ok(None)
         }
     }
 

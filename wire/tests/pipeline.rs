@@ -443,3 +443,59 @@ async fn rows_stream_one_at_a_time() -> anyhow::Result<()> {
     assert_eq!(read_response(&mut s).await?.texts(), vec!["next"]);
     Ok(())
 }
+
+#[tokio::test]
+async fn cached_metadata_is_used_and_renewed() -> anyhow::Result<()> {
+    let sandbox = Sandbox::start(0).await?;
+    let p = sandbox.primary();
+    let mut other = Session::connect(&opts(p)).await?;
+    query(&mut other, "CREATE TABLE mc (id INT PRIMARY KEY, v INT)").await;
+    query(&mut other, "INSERT INTO mc VALUES (1, 10), (2, 20)").await;
+    for (cache, deprecate_eof) in [(true, true), (true, false), (false, true)] {
+        let mut o = opts(p);
+        o.cache_metadata = cache;
+        o.deprecate_eof = deprecate_eof;
+        let mut s = Session::connect(&o).await?;
+        assert_eq!(s.caches_metadata(), cache, "MariaDB 10.6+ offers it");
+        let stmt = s.prepare("SELECT * FROM mc WHERE id >= ? ORDER BY id").await?;
+        let run = |s: &mut Session| {
+            s.send_execute(&stmt, &[Value::Int(1)]).expect("send");
+        };
+        run(&mut s);
+        run(&mut s);
+        let first = read_response(&mut s).await?;
+        let second = read_response(&mut s).await?;
+        assert_eq!(first, second);
+        assert_eq!(first.results[0].rows[1][..2], [Value::Int(2), Value::Int(20)]);
+        // The prepare sent the definitions: neither execute needs them.
+        assert_eq!(s.metadata_skips(), 2 * u64::from(cache));
+
+        let wide = format!(
+            "ALTER TABLE mc ADD COLUMN w{} VARCHAR(5) DEFAULT 'w'",
+            u8::from(cache) * 2 + u8::from(deprecate_eof)
+        );
+        query(&mut other, &wide).await;
+        run(&mut s);
+        run(&mut s);
+        let changed = read_response(&mut s).await?;
+        let again = read_response(&mut s).await?;
+        // (The first one's end says SERVER_STATUS_METADATA_CHANGED.)
+        assert_eq!(again.results[0].columns, changed.results[0].columns);
+        assert_eq!(again.results[0].rows, changed.results[0].rows);
+        let cols = changed.results[0].columns.clone().expect("columns");
+        assert_eq!(cols.len(), stmt.columns().len());
+        assert!(cols.len() >= 3, "the new column is there: {}", cols.len());
+        assert_eq!(changed.results[0].rows[0][2], Value::Bytes(b"w".to_vec()));
+        // Changed definitions come with the first execute after the change, then not again.
+        assert_eq!(s.metadata_skips(), 3 * u64::from(cache));
+        // Text results never skip.
+        assert_eq!(
+            query(&mut s, "SELECT * FROM mc").await.results[0]
+                .columns
+                .as_ref()
+                .map(|c| c.len()),
+            Some(cols.len())
+        );
+    }
+    Ok(())
+}
