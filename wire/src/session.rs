@@ -331,7 +331,9 @@ impl Session {
     }
 
     /// Writes out everything sent so far. Not needed before [`Session::next_event`], which
-    /// writes while it reads.
+    /// writes while it reads. While the socket is full it reads responses ahead (up to
+    /// 64 MiB) so that a server blocked on writing to us goes on reading; with more than
+    /// that in responses to commands not yet written out, only reading frees it.
     pub async fn flush(&mut self) -> Result<()> {
         self.usable()?;
         let r = self.io.flush().await;

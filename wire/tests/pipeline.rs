@@ -499,3 +499,37 @@ async fn cached_metadata_is_used_and_renewed() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Commands and responses both larger than the socket buffers: the session must write the
+/// rest of the pipeline while it reads the first responses, or neither side moves.
+#[tokio::test]
+async fn big_commands_and_big_responses_do_not_deadlock() -> anyhow::Result<()> {
+    let sandbox = Sandbox::start(0).await?;
+    let mut s = Session::connect(&opts(sandbox.primary())).await?;
+    let literal = "y".repeat(1024 * 1024);
+    const N: usize = 20;
+    for flush_first in [false, true] {
+        for i in 0..N {
+            s.send_query(&format!("SELECT {i}, '{literal}', REPEAT('z', 1024 * 1024)"))?;
+        }
+        let all = async {
+            if flush_first {
+                // flush() alone must get through too (it reads ahead while writes wait).
+                s.flush().await?;
+            }
+            for i in 0..N {
+                let r = read_response(&mut s).await?;
+                let row = &r.results[0].rows[0];
+                assert_eq!(row[0], Value::Bytes(i.to_string().into_bytes()));
+                assert_eq!(row[1], Value::Bytes(literal.clone().into_bytes()));
+                assert_eq!(row[2], Value::Bytes(vec![b'z'; 1024 * 1024]));
+            }
+            anyhow::Ok(())
+        };
+        tokio::time::timeout(Duration::from_secs(30), all)
+            .await
+            .map_err(|_| anyhow::anyhow!("the pipeline is stuck (flush first: {flush_first})"))??;
+    }
+    assert_eq!(scalar(&mut s, "SELECT 'ok'").await, "ok");
+    Ok(())
+}
