@@ -533,3 +533,39 @@ async fn big_commands_and_big_responses_do_not_deadlock() -> anyhow::Result<()> 
     assert_eq!(scalar(&mut s, "SELECT 'ok'").await, "ok");
     Ok(())
 }
+
+/// An ERR packet after some rows of a result set ends that response only.
+#[tokio::test]
+async fn error_in_the_middle_of_rows() -> anyhow::Result<()> {
+    let sandbox = Sandbox::start(0).await?;
+    let mut s = Session::connect(&opts(sandbox.primary())).await?;
+    let failing = "SELECT IF(seq < 4, seq, (SELECT 1 UNION SELECT 2)) FROM seq_1_to_10";
+    let stmt = s.prepare(failing).await?;
+    s.send_query(failing)?;
+    s.send_query("SELECT 'behind text'")?;
+    s.send_execute(&stmt, &[])?;
+    s.send_query("SELECT 'behind binary'")?;
+    for (protocol, behind) in [("text", "behind text"), ("binary", "behind binary")] {
+        let mut rows = 0;
+        let e = loop {
+            match s.next_event().await {
+                Ok(Event::Row(_)) => rows += 1,
+                Ok(Event::Columns(_)) => {}
+                Ok(end @ Event::End { .. }) => panic!("{protocol}: no error but {end:?}"),
+                Err(Error::Server(e)) => break e,
+                Err(e) => panic!("{protocol}: {e}"),
+            }
+        };
+        assert_eq!(e.code, 1242, "{protocol}: {e}");
+        // The rows before the failing one came first: the ERR arrived in the rows phase.
+        assert_eq!(rows, 3, "{protocol}");
+        assert_eq!(read_response(&mut s).await?.texts(), vec![behind]);
+    }
+    // A statement that cannot be prepared is a server error too.
+    match s.prepare("SELEC ?").await {
+        Err(Error::Server(e)) => assert_eq!(e.code, 1064),
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+    assert_eq!(scalar(&mut s, "SELECT 'still fine'").await, "still fine");
+    Ok(())
+}
