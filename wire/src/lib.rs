@@ -45,6 +45,8 @@
 //! Not supported: compression, the MariaDB extended capabilities (metadata caching, bulk
 //! execute), cursors, Unix sockets, client certificates.
 
+#![deny(missing_docs)]
+
 mod error;
 mod handshake;
 mod io;
