@@ -33,8 +33,8 @@ pub struct TlsOpts {
     pub server_name: Option<String>,
 }
 
-/// Connection options.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Connection options. `Debug` leaves the password out.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Opts {
     /// Host name or IP address.
     pub host: String,
@@ -58,6 +58,22 @@ pub struct Opts {
     /// the statement last sent them, and the statement's own are used. On by default (as
     /// `mysql_async` asks); off exercises full metadata on every execute.
     pub cache_metadata: bool,
+}
+
+impl std::fmt::Debug for Opts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opts")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .field("database", &self.database)
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("deprecate_eof", &self.deprecate_eof)
+            .field("cache_metadata", &self.cache_metadata)
+            .finish()
+    }
 }
 
 impl Opts {
@@ -87,5 +103,16 @@ impl Opts {
     pub fn tls(mut self, tls: TlsOpts) -> Opts {
         self.tls = Some(tls);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn debug_leaves_the_password_out() {
+        let o = super::Opts::new("h", 1, "u", "s3cret-pass");
+        let shown = format!("{o:?}");
+        assert!(!shown.contains("s3cret-pass"), "{shown}");
+        assert!(shown.contains("redacted"));
     }
 }
