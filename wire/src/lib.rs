@@ -51,6 +51,7 @@ mod error;
 mod handshake;
 mod io;
 mod opts;
+mod parse;
 mod session;
 mod stmt;
 mod tls;
