@@ -1,7 +1,7 @@
 //! Connection phase: the server's greeting, TLS, the handshake response, and the
 //! authentication exchange (also used by `COM_CHANGE_USER`).
 
-use mysql_common::constants::{CapabilityFlags, UTF8MB4_GENERAL_CI};
+use mysql_common::constants::{CapabilityFlags, MariadbCapabilities, UTF8MB4_GENERAL_CI};
 use mysql_common::io::ParseBuf;
 use mysql_common::packets::{
     AuthPlugin, AuthSwitchRequest, CommonOkPacket, ErrPacket, HandshakePacket, HandshakeResponse, OkPacket,
@@ -19,6 +19,7 @@ use crate::tls;
 pub(crate) struct Established {
     pub io: PacketIo,
     pub caps: CapabilityFlags,
+    pub mariadb_caps: MariadbCapabilities,
     pub conn_id: u32,
     pub version: (u16, u16, u16),
     pub version_text: String,
@@ -138,13 +139,22 @@ pub(crate) async fn connect(opts: &Opts) -> Result<Established> {
         _ => AuthPlugin::MysqlNativePassword,
     };
     let mut caps = wanted_caps(opts) & server_caps;
+    // MariaDB announces its extended capabilities by leaving out CLIENT_LONG_PASSWORD
+    // (its CLIENT_MYSQL); only then do those four bytes mean anything.
+    let mariadb_caps = if mariadb && !server_caps.contains(CapabilityFlags::CLIENT_LONG_PASSWORD) && opts.cache_metadata
+    {
+        hs.mariadb_ext_capabilities() & MariadbCapabilities::MARIADB_CLIENT_CACHE_METADATA
+    } else {
+        MariadbCapabilities::empty()
+    };
 
     let mut seq = io.read_seq();
     let mut secure = false;
     if let Some(tls_opts) = opts.tls.as_ref().filter(|t| t.mode != SslMode::Disabled) {
         if server_caps.contains(CapabilityFlags::CLIENT_SSL) {
             caps |= CapabilityFlags::CLIENT_SSL;
-            let request = SslRequest::new(caps, MAX_PACKET as u32, UTF8MB4_GENERAL_CI as u8);
+            let request = SslRequest::new(caps, MAX_PACKET as u32, UTF8MB4_GENERAL_CI as u8)
+                .with_mariadb_capabilities(mariadb_caps);
             let mut body = Vec::new();
             request.serialize(&mut body);
             seq = io.queue_packet(seq, &body)?;
@@ -180,7 +190,8 @@ pub(crate) async fn connect(opts: &Opts) -> Result<Established> {
         caps,
         None,
         MAX_PACKET as u32,
-    );
+    )
+    .with_mariadb_ext_capabilities(mariadb_caps);
     // HandshakeResponse adjusts CONNECT_WITH_DB / PLUGIN_AUTH / CONNECT_ATTRS itself.
     let caps = response.capabilities();
     let mut body = Vec::new();
@@ -194,6 +205,7 @@ pub(crate) async fn connect(opts: &Opts) -> Result<Established> {
     Ok(Established {
         io,
         caps,
+        mariadb_caps,
         conn_id,
         version,
         version_text,

@@ -26,6 +26,15 @@ pub(crate) const MAX_PACKET: usize = 1024 * 1024 * 1024;
 const SHRINK_ABOVE: usize = 4 * 1024 * 1024;
 /// Room made in the read buffer before each read.
 const READ_CHUNK: usize = 64 * 1024;
+/// How much of the responses [`PacketIo::flush`] reads ahead while its writes wait.
+const FLUSH_READ_CAP: usize = 64 * 1024 * 1024;
+
+fn closed() -> Error {
+    Error::Io(io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the server closed the connection",
+    ))
+}
 
 pub(crate) enum Stream {
     Plain(TcpStream),
@@ -138,9 +147,27 @@ impl PacketIo {
         Poll::Ready(Ok(()))
     }
 
-    /// Writes and flushes everything queued.
+    /// Writes and flushes everything queued. While the socket takes no more, responses
+    /// already coming are read into the buffer (up to [`FLUSH_READ_CAP`]): a server that
+    /// blocks on writing to us stops reading our commands.
     pub(crate) async fn flush(&mut self) -> Result<()> {
-        poll_fn(|cx| self.poll_write_out(cx)).await.map_err(Error::Io)
+        poll_fn(|cx| loop {
+            match self.poll_write_out(cx) {
+                Poll::Ready(r) => return Poll::Ready(r.map_err(Error::Io)),
+                Poll::Pending if self.rbuf.len() >= FLUSH_READ_CAP => return Poll::Pending,
+                Poll::Pending => {}
+            }
+            if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+                self.rbuf.reserve(READ_CHUNK);
+            }
+            match self.stream.poll_read_into(cx, &mut self.rbuf) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(closed())),
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::Io(e))),
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await
     }
 
     /// Writes what the socket takes right now, without waiting: pipelined commands go out
@@ -167,10 +194,7 @@ impl PacketIo {
                 self.rbuf.reserve(READ_CHUNK);
             }
             match self.stream.poll_read_into(cx, &mut self.rbuf) {
-                Poll::Ready(Ok(0)) => Poll::Ready(Err(Error::Io(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the server closed the connection",
-                )))),
+                Poll::Ready(Ok(0)) => Poll::Ready(Err(closed())),
                 Poll::Ready(Ok(_)) => Poll::Ready(Ok(())),
                 Poll::Ready(Err(e)) => Poll::Ready(Err(Error::Io(e))),
                 Poll::Pending => Poll::Pending,

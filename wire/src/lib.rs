@@ -45,10 +45,13 @@
 //! Not supported: compression, the MariaDB extended capabilities (metadata caching, bulk
 //! execute), cursors, Unix sockets, client certificates.
 
+#![deny(missing_docs)]
+
 mod error;
 mod handshake;
 mod io;
 mod opts;
+mod parse;
 mod session;
 mod stmt;
 mod tls;

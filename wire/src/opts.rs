@@ -33,8 +33,8 @@ pub struct TlsOpts {
     pub server_name: Option<String>,
 }
 
-/// Connection options.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Connection options. `Debug` leaves the password out.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Opts {
     /// Host name or IP address.
     pub host: String,
@@ -53,10 +53,32 @@ pub struct Opts {
     /// Ask for `CLIENT_DEPRECATE_EOF` (result sets end with an OK packet, not EOF). On by
     /// default; off exercises the older EOF-terminated result sets.
     pub deprecate_eof: bool,
+    /// Ask a MariaDB server (10.6+) for `MARIADB_CLIENT_CACHE_METADATA`: an execute's
+    /// result set then comes without column definitions when they have not changed since
+    /// the statement last sent them, and the statement's own are used. On by default (as
+    /// `mysql_async` asks); off exercises full metadata on every execute.
+    pub cache_metadata: bool,
+}
+
+impl std::fmt::Debug for Opts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opts")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .field("database", &self.database)
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("deprecate_eof", &self.deprecate_eof)
+            .field("cache_metadata", &self.cache_metadata)
+            .finish()
+    }
 }
 
 impl Opts {
-    /// Options with the defaults: no database, no TLS, 10 s connect timeout.
+    /// Options with the defaults: no database, no TLS, 10 s connect timeout, DEPRECATE_EOF
+    /// and metadata caching asked for.
     pub fn new(host: impl Into<String>, port: u16, user: impl Into<String>, password: impl Into<String>) -> Opts {
         Opts {
             host: host.into(),
@@ -67,6 +89,7 @@ impl Opts {
             tls: None,
             connect_timeout: Duration::from_secs(10),
             deprecate_eof: true,
+            cache_metadata: true,
         }
     }
 
@@ -80,5 +103,16 @@ impl Opts {
     pub fn tls(mut self, tls: TlsOpts) -> Opts {
         self.tls = Some(tls);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn debug_leaves_the_password_out() {
+        let o = super::Opts::new("h", 1, "u", "s3cret-pass");
+        let shown = format!("{o:?}");
+        assert!(!shown.contains("s3cret-pass"), "{shown}");
+        assert!(shown.contains("redacted"));
     }
 }

@@ -5,20 +5,21 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use mysql_common::constants::{CapabilityFlags, StatusFlags, UTF8MB4_GENERAL_CI};
+use mysql_common::constants::{CapabilityFlags, MariadbCapabilities, StatusFlags, UTF8MB4_GENERAL_CI};
 use mysql_common::io::ParseBuf;
 use mysql_common::packets::{
     Column, ComChangeUser, ComChangeUserMoreData, ComStmtClose, ComStmtExecuteRequestBuilder, ComStmtSendLongData,
     OkPacket, OkPacketDeserializer, OldEofPacket, ResultSetTerminator, StmtPacket,
 };
-use mysql_common::proto::{Binary, MySerialize, Text};
-use mysql_common::row::{Row, RowDeserializer};
-use mysql_common::value::{ServerSide, Value};
+use mysql_common::proto::MySerialize;
+use mysql_common::row::Row;
+use mysql_common::value::Value;
 
 use crate::error::{Error, Result};
 use crate::handshake::{self, parse_ok, server_error, AuthState};
 use crate::io::PacketIo;
 use crate::opts::Opts;
+use crate::parse::{is_old_eof, parse_column, parse_row, Proto};
 use crate::stmt::{Statement, StmtCache};
 
 /// Prepared statements kept per session (as the worker's `mysql_async` setting).
@@ -59,15 +60,11 @@ pub enum Event {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Proto {
-    Text,
-    Binary,
-}
-
 #[derive(Debug)]
 struct Pending {
     proto: Proto,
+    /// The executed statement (binary results): its columns stand in for skipped metadata.
+    stmt: Option<Statement>,
     /// The sequence id the response's first packet carries.
     first_seq: u8,
     started: bool,
@@ -101,6 +98,8 @@ pub struct Session {
     io: PacketIo,
     opts: Opts,
     caps: CapabilityFlags,
+    mariadb_caps: MariadbCapabilities,
+    metadata_skips: u64,
     conn_id: u32,
     version: (u16, u16, u16),
     version_text: String,
@@ -137,6 +136,8 @@ impl Session {
             io: est.io,
             opts: opts.clone(),
             caps: est.caps,
+            mariadb_caps: est.mariadb_caps,
+            metadata_skips: 0,
             conn_id: est.conn_id,
             version: est.version,
             version_text: est.version_text,
@@ -181,6 +182,18 @@ impl Session {
     /// The capabilities in use (ours and the server's).
     pub fn capabilities(&self) -> CapabilityFlags {
         self.caps
+    }
+
+    /// `MARIADB_CLIENT_CACHE_METADATA` is in use.
+    pub fn caches_metadata(&self) -> bool {
+        self.mariadb_caps
+            .contains(MariadbCapabilities::MARIADB_CLIENT_CACHE_METADATA)
+    }
+
+    /// Binary result sets that came without column definitions (the statement's cached
+    /// ones were used), since connect.
+    pub fn metadata_skips(&self) -> u64 {
+        self.metadata_skips
     }
 
     /// The options the session was opened with.
@@ -260,7 +273,7 @@ impl Session {
         body.push(COM_QUERY);
         body.extend_from_slice(sql.as_bytes());
         let first_seq = self.queue_command(&body)?;
-        self.push_pending(Proto::Text, first_seq);
+        self.push_pending(Proto::Text, None, first_seq);
         Ok(())
     }
 
@@ -299,20 +312,23 @@ impl Session {
             }
         }
         let first_seq = self.queue_command(&body)?;
-        self.push_pending(Proto::Binary, first_seq);
+        self.push_pending(Proto::Binary, Some(stmt.clone()), first_seq);
         Ok(())
     }
 
-    fn push_pending(&mut self, proto: Proto, first_seq: u8) {
+    fn push_pending(&mut self, proto: Proto, stmt: Option<Statement>, first_seq: u8) {
         self.pending.push_back(Pending {
             proto,
+            stmt,
             first_seq,
             started: false,
         });
     }
 
     /// Writes out everything sent so far. Not needed before [`Session::next_event`], which
-    /// writes while it reads.
+    /// writes while it reads. While the socket is full it reads responses ahead (up to
+    /// 64 MiB) so that a server blocked on writing to us goes on reading; with more than
+    /// that in responses to commands not yet written out, only reading frees it.
     pub async fn flush(&mut self) -> Result<()> {
         self.usable()?;
         let r = self.io.flush().await;
@@ -379,14 +395,25 @@ impl Session {
                     let mut buf = ParseBuf(&packet);
                     let count = buf
                         .checked_eat_lenenc_int()
-                        .filter(|n| (1..=MAX_COLUMNS).contains(n) && buf.is_empty())
+                        .filter(|n| (1..=MAX_COLUMNS).contains(n))
                         .ok_or_else(|| Error::protocol("bad column count packet"))?;
                     let want = count as usize;
-                    self.phase = Phase::Columns {
-                        want,
-                        cols: Vec::with_capacity(want.min(1024)),
+                    let follows = if self.caches_metadata() {
+                        buf.checked_eat_u8()
+                    } else {
+                        Some(1)
                     };
-                    Ok(None)
+                    match follows {
+                        Some(1) if buf.is_empty() => {
+                            self.phase = Phase::Columns {
+                                want,
+                                cols: Vec::with_capacity(want.min(1024)),
+                            };
+                            Ok(None)
+                        }
+                        Some(0) if buf.is_empty() => self.cached_columns(want),
+                        _ => Err(Error::protocol("bad column count packet")),
+                    }
                 }
             },
             Phase::Columns { want, mut cols } => {
@@ -396,6 +423,9 @@ impl Session {
                     return Ok(None);
                 }
                 let cols: Arc<[Column]> = cols.into();
+                if let Some(stmt) = self.pending.front().and_then(|p| p.stmt.as_ref()) {
+                    stmt.set_columns(cols.clone());
+                }
                 if self.deprecate_eof() {
                     self.phase = Phase::Rows { cols: cols.clone() };
                     Ok(Some(Event::Columns(cols)))
@@ -420,6 +450,28 @@ impl Session {
                 self.phase = Phase::Rows { cols };
                 Ok(Some(Event::Row(row)))
             }
+        }
+    }
+
+    /// A result set whose definitions the server left out: the executed statement's.
+    fn cached_columns(&mut self, want: usize) -> Result<Option<Event>> {
+        let Some(stmt) = self.pending.front().and_then(|p| p.stmt.as_ref()) else {
+            return Err(Error::protocol("column definitions left out of a text result"));
+        };
+        let cols = stmt.columns();
+        if cols.len() != want {
+            return Err(Error::protocol(format!(
+                "column definitions left out for {want} columns, but the statement has {}",
+                cols.len()
+            )));
+        }
+        self.metadata_skips += 1;
+        if self.deprecate_eof() {
+            self.phase = Phase::Rows { cols: cols.clone() };
+            Ok(Some(Event::Columns(cols)))
+        } else {
+            self.phase = Phase::ColumnsEof { cols };
+            Ok(None)
         }
     }
 
@@ -648,142 +700,5 @@ impl Session {
         self.usable()?;
         self.queue_command(&[COM_QUIT])?;
         self.io.flush().await
-    }
-}
-
-fn parse_column(packet: &[u8]) -> Result<Column> {
-    ParseBuf(packet)
-        .parse::<Column>(())
-        .map_err(|e| Error::protocol(format!("bad column definition: {e}")))
-}
-
-fn is_old_eof(packet: &[u8]) -> bool {
-    packet.first() == Some(&0xFE) && packet.len() < 9
-}
-
-fn parse_row(proto: Proto, packet: &[u8], cols: Arc<[Column]>) -> Result<Row> {
-    let mut buf = ParseBuf(packet);
-    let row: Result<Row, std::io::Error> = match proto {
-        Proto::Text => buf.parse::<RowDeserializer<ServerSide, Text>>(cols).map(Into::into),
-        Proto::Binary => buf.parse::<RowDeserializer<ServerSide, Binary>>(cols).map(Into::into),
-    };
-    let row = row.map_err(|e| Error::protocol(format!("bad row: {e}")))?;
-    if !buf.is_empty() {
-        return Err(Error::protocol("a row longer than its columns"));
-    }
-    Ok(row)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use mysql_common::constants::{ColumnFlags, ColumnType};
-    use mysql_common::packets::AuthSwitchRequest;
-
-    /// A greeting whose auth data length byte is 0x80..=0x87 made mysql_common's
-    /// `HandshakePacket` parser overflow an `i8` (found by the test below).
-    #[test]
-    fn greeting_with_a_huge_auth_data_length_is_refused() {
-        let mut packet = vec![10u8];
-        packet.extend_from_slice(b"10.11.0-MariaDB\0");
-        packet.extend_from_slice(&[1, 0, 0, 0]); // connection id
-        packet.extend_from_slice(&[b's'; 8]); // scramble 1
-        packet.push(0); // filler
-        packet.extend_from_slice(&[0xFF, 0xFF]); // capabilities (lower)
-        packet.push(45); // collation
-        packet.extend_from_slice(&[2, 0]); // status
-        packet.extend_from_slice(&[0xFF, 0xFF]); // capabilities (upper)
-        for len in 0x80..=0x87u8 {
-            let mut p = packet.clone();
-            p.push(len);
-            p.extend_from_slice(&[0; 10]);
-            p.extend_from_slice(&[b't'; 13]);
-            assert!(
-                matches!(handshake::parse_greeting(&p), Err(Error::Protocol(_))),
-                "{len:#x}"
-            );
-        }
-        let mut p = packet.clone();
-        p.push(21);
-        p.extend_from_slice(&[0; 10]);
-        p.extend_from_slice(b"tttttttttttt\0mysql_native_password\0");
-        let hs = handshake::parse_greeting(&p).expect("a good greeting");
-        assert_eq!(hs.connection_id(), 1);
-    }
-
-    /// Every parser the session runs on server bytes, fed garbage: errors, never panics.
-    #[test]
-    fn garbage_from_the_server_never_panics() {
-        let types = [
-            ColumnType::MYSQL_TYPE_DECIMAL,
-            ColumnType::MYSQL_TYPE_TINY,
-            ColumnType::MYSQL_TYPE_SHORT,
-            ColumnType::MYSQL_TYPE_LONG,
-            ColumnType::MYSQL_TYPE_FLOAT,
-            ColumnType::MYSQL_TYPE_DOUBLE,
-            ColumnType::MYSQL_TYPE_NULL,
-            ColumnType::MYSQL_TYPE_TIMESTAMP,
-            ColumnType::MYSQL_TYPE_LONGLONG,
-            ColumnType::MYSQL_TYPE_INT24,
-            ColumnType::MYSQL_TYPE_DATE,
-            ColumnType::MYSQL_TYPE_TIME,
-            ColumnType::MYSQL_TYPE_DATETIME,
-            ColumnType::MYSQL_TYPE_YEAR,
-            ColumnType::MYSQL_TYPE_VARCHAR,
-            ColumnType::MYSQL_TYPE_BIT,
-            ColumnType::MYSQL_TYPE_JSON,
-            ColumnType::MYSQL_TYPE_NEWDECIMAL,
-            ColumnType::MYSQL_TYPE_ENUM,
-            ColumnType::MYSQL_TYPE_SET,
-            ColumnType::MYSQL_TYPE_BLOB,
-            ColumnType::MYSQL_TYPE_VAR_STRING,
-            ColumnType::MYSQL_TYPE_STRING,
-        ];
-        let caps = CapabilityFlags::CLIENT_PROTOCOL_41
-            | CapabilityFlags::CLIENT_SESSION_TRACK
-            | CapabilityFlags::CLIENT_DEPRECATE_EOF;
-        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        for round in 0..100_000u32 {
-            let len = (next() % 48) as usize;
-            let mut packet: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-            // Often start like the real thing, so parsing gets past the first byte.
-            if round % 2 == 0 && !packet.is_empty() {
-                packet[0] = [0x00, 0xFE, 0xFF, 0xFB, 0x01, 0x0A][round as usize / 2 % 6];
-            }
-            let ncols = 1 + (next() % 4) as usize;
-            let cols: Arc<[Column]> = (0..ncols)
-                .map(|_| {
-                    let t = types[(next() % types.len() as u64) as usize];
-                    let flags = if next() % 2 == 0 {
-                        ColumnFlags::UNSIGNED_FLAG
-                    } else {
-                        ColumnFlags::empty()
-                    };
-                    Column::new(t).with_flags(flags)
-                })
-                .collect();
-            let _ = parse_row(Proto::Text, &packet, cols.clone());
-            let _ = parse_row(Proto::Binary, &packet, cols);
-            let _ = parse_ok(&packet, caps);
-            let _ = server_error(&packet, caps);
-            let _ = server_error(&packet, CapabilityFlags::empty());
-            let _ = parse_column(&packet);
-            let _ = ParseBuf(&packet).parse::<OkPacketDeserializer<'_, ResultSetTerminator>>(caps);
-            let _ = ParseBuf(&packet).parse::<OkPacketDeserializer<'_, OldEofPacket>>(caps);
-            let _ = ParseBuf(&packet).parse::<StmtPacket>(());
-            let _ = handshake::parse_greeting(&packet);
-            let _ = ParseBuf(&packet).parse::<AuthSwitchRequest<'_>>(());
-            if let Ok(ok) = parse_ok(&packet, caps) {
-                for change in ok.session_state_info().unwrap_or_default() {
-                    let _ = change.decode();
-                }
-            }
-        }
     }
 }

@@ -2,7 +2,7 @@
 //! out first).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use mysql_common::packets::Column;
 
@@ -16,7 +16,9 @@ pub struct Statement(Arc<Inner>);
 struct Inner {
     id: u32,
     params: Arc<[Column]>,
-    columns: Arc<[Column]>,
+    /// The latest definitions the server sent (at prepare or with an execute's result):
+    /// under metadata caching, the ones an execute without definitions means.
+    columns: Mutex<Arc<[Column]>>,
 }
 
 impl Statement {
@@ -24,7 +26,7 @@ impl Statement {
         Statement(Arc::new(Inner {
             id,
             params: params.into(),
-            columns: columns.into(),
+            columns: Mutex::new(columns.into()),
         }))
     }
 
@@ -43,10 +45,20 @@ impl Statement {
         &self.0.params
     }
 
-    /// The result columns as described at prepare time (an execute's own column
-    /// definitions are the ones its rows are decoded with).
-    pub fn columns(&self) -> &Arc<[Column]> {
-        &self.0.columns
+    /// The result columns as last described by the server (at prepare time, or by the
+    /// latest execute that sent definitions).
+    pub fn columns(&self) -> Arc<[Column]> {
+        match self.0.columns.lock() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub(crate) fn set_columns(&self, columns: Arc<[Column]>) {
+        match self.0.columns.lock() {
+            Ok(mut c) => *c = columns,
+            Err(poisoned) => *poisoned.into_inner() = columns,
+        }
     }
 }
 

@@ -119,6 +119,18 @@ async fn tls_modes_against_a_server_with_tls() -> anyhow::Result<()> {
     let r = common::read_response(&mut s).await?;
     assert_eq!(r.results[0].rows[0][0], osprey_wire::Value::Bytes(vec![b'x'; 300_000]));
 
+    // Pipelined over TLS, with a response far over one TLS record.
+    for i in 0..20 {
+        s.send_query(&format!("SELECT {i}, REPEAT('t', 100000)"))?;
+    }
+    for i in 0..20 {
+        let r = common::read_response(&mut s).await?;
+        assert_eq!(
+            r.results[0].rows[0][0],
+            osprey_wire::Value::Bytes(i.to_string().into_bytes())
+        );
+    }
+
     // The certificate names localhost and 127.0.0.1.
     let mut s = Session::connect(&opts(p).tls(tls(SslMode::VerifyIdentity, Some(pki.ca()), None))).await?;
     assert!(!cipher(&mut s).await.is_empty());

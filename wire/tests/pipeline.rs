@@ -443,3 +443,129 @@ async fn rows_stream_one_at_a_time() -> anyhow::Result<()> {
     assert_eq!(read_response(&mut s).await?.texts(), vec!["next"]);
     Ok(())
 }
+
+#[tokio::test]
+async fn cached_metadata_is_used_and_renewed() -> anyhow::Result<()> {
+    let sandbox = Sandbox::start(0).await?;
+    let p = sandbox.primary();
+    let mut other = Session::connect(&opts(p)).await?;
+    query(&mut other, "CREATE TABLE mc (id INT PRIMARY KEY, v INT)").await;
+    query(&mut other, "INSERT INTO mc VALUES (1, 10), (2, 20)").await;
+    for (cache, deprecate_eof) in [(true, true), (true, false), (false, true)] {
+        let mut o = opts(p);
+        o.cache_metadata = cache;
+        o.deprecate_eof = deprecate_eof;
+        let mut s = Session::connect(&o).await?;
+        assert_eq!(s.caches_metadata(), cache, "MariaDB 10.6+ offers it");
+        let stmt = s.prepare("SELECT * FROM mc WHERE id >= ? ORDER BY id").await?;
+        let run = |s: &mut Session| {
+            s.send_execute(&stmt, &[Value::Int(1)]).expect("send");
+        };
+        run(&mut s);
+        run(&mut s);
+        let first = read_response(&mut s).await?;
+        let second = read_response(&mut s).await?;
+        assert_eq!(first, second);
+        assert_eq!(first.results[0].rows[1][..2], [Value::Int(2), Value::Int(20)]);
+        // The prepare sent the definitions: neither execute needs them.
+        assert_eq!(s.metadata_skips(), 2 * u64::from(cache));
+
+        let wide = format!(
+            "ALTER TABLE mc ADD COLUMN w{} VARCHAR(5) DEFAULT 'w'",
+            u8::from(cache) * 2 + u8::from(deprecate_eof)
+        );
+        query(&mut other, &wide).await;
+        run(&mut s);
+        run(&mut s);
+        let changed = read_response(&mut s).await?;
+        let again = read_response(&mut s).await?;
+        // (The first one's end says SERVER_STATUS_METADATA_CHANGED.)
+        assert_eq!(again.results[0].columns, changed.results[0].columns);
+        assert_eq!(again.results[0].rows, changed.results[0].rows);
+        let cols = changed.results[0].columns.clone().expect("columns");
+        assert_eq!(cols.len(), stmt.columns().len());
+        assert!(cols.len() >= 3, "the new column is there: {}", cols.len());
+        assert_eq!(changed.results[0].rows[0][2], Value::Bytes(b"w".to_vec()));
+        // Changed definitions come with the first execute after the change, then not again.
+        assert_eq!(s.metadata_skips(), 3 * u64::from(cache));
+        // Text results never skip.
+        assert_eq!(
+            query(&mut s, "SELECT * FROM mc").await.results[0]
+                .columns
+                .as_ref()
+                .map(|c| c.len()),
+            Some(cols.len())
+        );
+    }
+    Ok(())
+}
+
+/// Commands and responses both larger than the socket buffers: the session must write the
+/// rest of the pipeline while it reads the first responses, or neither side moves.
+#[tokio::test]
+async fn big_commands_and_big_responses_do_not_deadlock() -> anyhow::Result<()> {
+    let sandbox = Sandbox::start(0).await?;
+    let mut s = Session::connect(&opts(sandbox.primary())).await?;
+    let literal = "y".repeat(1024 * 1024);
+    const N: usize = 20;
+    for flush_first in [false, true] {
+        for i in 0..N {
+            s.send_query(&format!("SELECT {i}, '{literal}', REPEAT('z', 1024 * 1024)"))?;
+        }
+        let all = async {
+            if flush_first {
+                // flush() alone must get through too (it reads ahead while writes wait).
+                s.flush().await?;
+            }
+            for i in 0..N {
+                let r = read_response(&mut s).await?;
+                let row = &r.results[0].rows[0];
+                assert_eq!(row[0], Value::Bytes(i.to_string().into_bytes()));
+                assert_eq!(row[1], Value::Bytes(literal.clone().into_bytes()));
+                assert_eq!(row[2], Value::Bytes(vec![b'z'; 1024 * 1024]));
+            }
+            anyhow::Ok(())
+        };
+        tokio::time::timeout(Duration::from_secs(30), all)
+            .await
+            .map_err(|_| anyhow::anyhow!("the pipeline is stuck (flush first: {flush_first})"))??;
+    }
+    assert_eq!(scalar(&mut s, "SELECT 'ok'").await, "ok");
+    Ok(())
+}
+
+/// An ERR packet after some rows of a result set ends that response only.
+#[tokio::test]
+async fn error_in_the_middle_of_rows() -> anyhow::Result<()> {
+    let sandbox = Sandbox::start(0).await?;
+    let mut s = Session::connect(&opts(sandbox.primary())).await?;
+    let failing = "SELECT IF(seq < 4, seq, (SELECT 1 UNION SELECT 2)) FROM seq_1_to_10";
+    let stmt = s.prepare(failing).await?;
+    s.send_query(failing)?;
+    s.send_query("SELECT 'behind text'")?;
+    s.send_execute(&stmt, &[])?;
+    s.send_query("SELECT 'behind binary'")?;
+    for (protocol, behind) in [("text", "behind text"), ("binary", "behind binary")] {
+        let mut rows = 0;
+        let e = loop {
+            match s.next_event().await {
+                Ok(Event::Row(_)) => rows += 1,
+                Ok(Event::Columns(_)) => {}
+                Ok(end @ Event::End { .. }) => panic!("{protocol}: no error but {end:?}"),
+                Err(Error::Server(e)) => break e,
+                Err(e) => panic!("{protocol}: {e}"),
+            }
+        };
+        assert_eq!(e.code, 1242, "{protocol}: {e}");
+        // The rows before the failing one came first: the ERR arrived in the rows phase.
+        assert_eq!(rows, 3, "{protocol}");
+        assert_eq!(read_response(&mut s).await?.texts(), vec![behind]);
+    }
+    // A statement that cannot be prepared is a server error too.
+    match s.prepare("SELEC ?").await {
+        Err(Error::Server(e)) => assert_eq!(e.code, 1064),
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+    assert_eq!(scalar(&mut s, "SELECT 'still fine'").await, "still fine");
+    Ok(())
+}

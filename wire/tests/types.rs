@@ -1,7 +1,7 @@
 //! The value-type table of the core tests (tests/tests/core/types.rs), read through this
 //! session and through mysql_async from the same server: the decoded `mysql_common::Value`s
 //! and the column metadata must be equal, over the text and the binary protocol, with and
-//! without CLIENT_DEPRECATE_EOF; and parameters sent by this session must store the same
+//! without CLIENT_DEPRECATE_EOF and MariaDB's metadata caching; and parameters sent by this session must store the same
 //! values.
 
 mod common;
@@ -109,9 +109,10 @@ async fn values_and_columns_match_mysql_async() -> anyhow::Result<()> {
     let direct_exprs_text: Vec<mysql_async::Row> = db.query(exprs).await?;
     let direct_exprs_bin: Vec<mysql_async::Row> = db.exec(exprs, ()).await?;
 
-    for deprecate_eof in [true, false] {
+    for (deprecate_eof, cache_metadata) in [(true, true), (false, true), (true, false)] {
         let mut o = opts(p);
         o.deprecate_eof = deprecate_eof;
+        o.cache_metadata = cache_metadata;
         let mut s = Session::connect(&o).await?;
         assert_eq!(
             s.capabilities()
@@ -167,7 +168,7 @@ async fn values_and_columns_match_mysql_async() -> anyhow::Result<()> {
 
         // Parameters: this session writes the binary values back under new ids; what
         // mysql_async then reads must equal the originals.
-        let base = if deprecate_eof { 100 } else { 200 };
+        let base = 100 * (1 + i64::from(deprecate_eof) + 2 * i64::from(cache_metadata));
         let placeholders = vec!["?"; NCOLS].join(", ");
         let insert = s
             .prepare(&format!("INSERT INTO types ({COLUMNS}) VALUES ({placeholders})"))
