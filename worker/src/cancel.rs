@@ -5,7 +5,7 @@
 //! executor, and the tasks of request timers and `KILL QUERY`. The lock is never held
 //! across an `.await`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +35,12 @@ struct Inner {
     open: HashMap<u32, Option<StopReason>>,
     /// The stream whose statement is on the database connection right now.
     running: Option<u32>,
+    /// The running statement's text as sent, when statements are pipelined behind it:
+    /// a stop then kills it by its `QUERY_ID` (looked up by this text), never a neighbour.
+    running_sql: Option<Arc<str>>,
+    /// Streams whose statements are written to the database behind the running one
+    /// (pipelined), not yet started.
+    written: HashSet<u32>,
     /// The `KILL QUERY` task of the running stream, and the signal that the stream ended.
     kill: Option<(JoinHandle<()>, Arc<Notify>)>,
     killer: Option<Arc<Killer>>,
@@ -75,13 +81,63 @@ impl Tracker {
         }
         *slot = Some(reason);
         if inner.running == Some(stream) {
-            if let Some(killer) = inner.killer.clone() {
-                info!(stream, ?reason, "stopping the running statement (KILL QUERY)");
-                let ended = Arc::new(Notify::new());
-                let task = tokio::spawn(kill_until_ended(self.clone(), stream, killer, ended.clone()));
-                inner.kill = Some((task, ended));
+            self.spawn_kill(&mut inner, stream, reason);
+        }
+    }
+
+    fn spawn_kill(&self, inner: &mut Inner, stream: u32, reason: StopReason) {
+        if let Some(killer) = inner.killer.clone() {
+            info!(stream, ?reason, "stopping the running statement (KILL QUERY)");
+            let ended = Arc::new(Notify::new());
+            let task = tokio::spawn(kill_until_ended(self.clone(), stream, killer, ended.clone()));
+            inner.kill = Some((task, ended));
+        }
+    }
+
+    /// `stream`'s statement is about to be written to the database behind the running
+    /// one (pipelined); `Err` if a stop was asked before (then it is not written).
+    pub fn write_ahead(&self, stream: u32) -> Result<(), StopReason> {
+        let mut inner = self.lock();
+        match *inner.open.entry(stream).or_insert(None) {
+            Some(reason) => Err(reason),
+            None => {
+                inner.written.insert(stream);
+                Ok(())
             }
         }
+    }
+
+    /// The pipelined `stream` (written with [`Tracker::write_ahead`], or the first one,
+    /// started with [`Tracker::start`]) is now the one the database runs, as `sql`. A
+    /// stop asked while it waited behind another is acted on now. Returns that stop.
+    pub fn advance(&self, stream: u32, sql: Arc<str>) -> Option<StopReason> {
+        let mut inner = self.lock();
+        inner.written.remove(&stream);
+        inner.running = Some(stream);
+        inner.running_sql = Some(sql);
+        let stop = inner.open.get(&stream).copied().flatten();
+        if let Some(reason) = stop {
+            if inner.kill.is_none() {
+                self.spawn_kill(&mut inner, stream, reason);
+            }
+        }
+        stop
+    }
+
+    /// Whether a stop was asked for the running `stream` (nothing more is then written
+    /// behind it, so that a plain `KILL QUERY` cannot hit a neighbour).
+    pub fn stopping(&self, stream: u32) -> bool {
+        self.reason(stream).is_some()
+    }
+
+    /// What a `KILL` for the running `stream` must aim at: `Some(text)` when statements
+    /// are written behind it (kill by query id), `None` for the whole session's query.
+    fn kill_target(&self, stream: u32) -> Option<Arc<str>> {
+        let inner = self.lock();
+        if inner.running != Some(stream) || inner.written.is_empty() {
+            return None;
+        }
+        inner.running_sql.clone()
     }
 
     /// The dispatcher takes `stream` back (it wrote it ahead of time, see
@@ -89,7 +145,8 @@ impl Tracker {
     /// run; ignored if it is executing or has ended.
     pub fn reclaim(&self, stream: u32) {
         let mut inner = self.lock();
-        if inner.running == Some(stream) {
+        // Written to the database (the dispatcher got STARTED, or soon will): it runs on.
+        if inner.running == Some(stream) || inner.written.contains(&stream) {
             return;
         }
         if let Some(slot @ None) = inner.open.get_mut(&stream) {
@@ -151,8 +208,10 @@ impl Tracker {
         {
             let mut inner = self.lock();
             inner.open.remove(&stream);
+            inner.written.remove(&stream);
             if inner.running == Some(stream) {
                 inner.running = None;
+                inner.running_sql = None;
             }
         }
         self.settle().await
@@ -173,8 +232,24 @@ async fn kill_until_ended(tracker: Tracker, stream: u32, killer: Arc<Killer>, en
     let mut kills = 0u32;
     loop {
         kills += 1;
-        if let Err(e) = killer.kill_query(&mut side).await {
-            warn!(stream, kills, error = %e, "KILL QUERY failed");
+        match tracker.kill_target(stream) {
+            // Statements are pipelined behind it: `KILL QUERY` would stop whichever runs
+            // when it lands; the query id stops this one only.
+            Some(sql) => match killer.query_id(&mut side, &sql).await {
+                Ok(Some(id)) => {
+                    if let Err(e) = killer.kill_query(&mut side, Some(id)).await {
+                        warn!(stream, kills, query_id = id, error = %e, "KILL QUERY ID failed");
+                    }
+                }
+                // Not (or no longer) running on the server: look again after the pause.
+                Ok(None) => debug!(stream, kills, "the statement is not in the processlist"),
+                Err(e) => warn!(stream, kills, error = %e, "processlist query failed"),
+            },
+            None => {
+                if let Err(e) = killer.kill_query(&mut side, None).await {
+                    warn!(stream, kills, error = %e, "KILL QUERY failed");
+                }
+            }
         }
         tokio::select! {
             _ = ended.notified() => break,
@@ -190,10 +265,6 @@ async fn kill_until_ended(tracker: Tracker, stream: u32, killer: Arc<Killer>, en
     if kills > 1 {
         info!(stream, kills, "statement stopped after repeated KILL QUERY");
     }
-    if let Some(conn) = side {
-        // Not awaited here: the executor waits for this task before it answers.
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(1), conn.disconnect()).await;
-        });
-    }
+    // Not awaited here: the executor waits for this task before it answers.
+    tokio::spawn(crate::session::close_side(side));
 }

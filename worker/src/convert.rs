@@ -1,4 +1,4 @@
-//! Conversions between `mysql_async` and the wire protocol: column metadata, result
+//! Conversions between `mysql_common` (through osprey-wire) and the wire protocol: column metadata, result
 //! values (text and binary protocol) and statement parameters.
 //!
 //! The rule that drives the value conversion: the SQL type of the column decides the
@@ -57,7 +57,7 @@ pub struct ColumnKind {
 }
 
 impl ColumnKind {
-    pub fn of(column: &mysql_async::Column) -> ColumnKind {
+    pub fn of(column: &osprey_wire::Column) -> ColumnKind {
         ColumnKind {
             column_type: column.column_type() as u8,
             flags: column.flags().bits(),
@@ -76,7 +76,7 @@ impl ColumnKind {
 }
 
 /// Column metadata for a `COLUMNS` frame.
-pub fn column(c: &mysql_async::Column) -> Column {
+pub fn column(c: &osprey_wire::Column) -> Column {
     Column {
         name: c.name_str().into_owned(),
         table: c.table_str().into_owned(),
@@ -89,8 +89,8 @@ pub fn column(c: &mysql_async::Column) -> Column {
 }
 
 /// One result value, from either protocol, as a protocol [`Value`].
-pub fn value(kind: ColumnKind, v: mysql_async::Value) -> Value {
-    use mysql_async::Value as M;
+pub fn value(kind: ColumnKind, v: osprey_wire::Value) -> Value {
+    use osprey_wire::Value as M;
     match v {
         M::NULL => Value::Null,
         M::Bytes(b) => from_text(kind, b),
@@ -239,8 +239,8 @@ fn parse_hms(t: &str) -> Option<(u32, u8, u8, u32)> {
 
 /// A statement parameter, losslessly: DECIMAL and JSON go as their text, BIT as the
 /// unsigned integer its big-endian bytes spell (so it compares and stores as bits).
-pub fn param(v: &Value) -> mysql_async::Value {
-    use mysql_async::Value as M;
+pub fn param(v: &Value) -> osprey_wire::Value {
+    use osprey_wire::Value as M;
     match v {
         Value::Null => M::NULL,
         Value::Int(i) => M::Int(*i),
@@ -311,7 +311,7 @@ pub fn encoded_size_bound(v: &Value) -> usize {
 mod tests {
     use super::types::*;
     use super::*;
-    use mysql_async::Value as M;
+    use osprey_wire::Value as M;
 
     fn k(column_type: u8, flags: u16, charset: u16) -> ColumnKind {
         ColumnKind {

@@ -1,28 +1,28 @@
 //! One `REQUEST` in, its frames out: `COLUMNS`/`ROWS` per result set, then `END`, or
 //! `ERROR` + `END`. Rows are streamed in batches, never collected.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
-use futures::TryStreamExt;
-use mysql_async::consts::{SessionStateType, StatusFlags};
-use mysql_async::prelude::{Protocol, Queryable};
-use mysql_async::{Conn, OkPacket, Params, QueryResult, Row, SessionStateChange};
 use osprey_protocol::{
     Columns, End, ErrorBody, ErrorCode, Frame, GtidPos, Kind, Origin, ProtocolError, Request, Rows, SessionReset,
     Statement, Value,
 };
+use osprey_wire::mysql_common::constants::SessionStateType;
+use osprey_wire::mysql_common::packets::session_state_change::SessionStateChange;
+use osprey_wire::{Event as DbEvent, OkPacket, Session, StatusFlags};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::cancel::{StopReason, Tracker};
 use crate::convert::{self, ColumnKind};
-use crate::link::{LinkGone, LinkOut};
+use crate::link::{LinkGone, LinkOut, Queue};
 use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
 use osprey_sql::{
     controls_session, ends_sessions, is_plain_select, loads_local_file, placeholders, placeholders_depend_on_server,
     touches_session_state,
 };
+
+mod pipeline;
 
 /// Room left in a frame for everything around the row values.
 const FRAME_SLACK: usize = 1024;
@@ -38,9 +38,12 @@ pub enum Outcome {
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
-enum ExecError {
+pub(crate) enum ExecError {
     #[error(transparent)]
-    Db(#[from] mysql_async::Error),
+    Db(#[from] osprey_wire::Error),
+    /// The session's state is unknown (a clean-up failed): answered as fatal.
+    #[error("{0}")]
+    Lost(String),
     #[error(transparent)]
     Link(#[from] LinkGone),
     #[error("a row of about {0} bytes does not fit in one frame")]
@@ -52,7 +55,7 @@ enum ExecError {
          whichever worker is free, so send transactions as one batch"
     )]
     LeftOpen,
-    /// Found while executing, before the driver saw it (`INVALID_REQUEST`).
+    /// Found while executing, before the statement was sent (`INVALID_REQUEST`).
     #[error("{0}")]
     Refused(String),
 }
@@ -67,7 +70,7 @@ pub struct BatchLimits {
 
 /// Runs requests on the worker's one database session.
 pub struct Executor {
-    conn: Conn,
+    conn: Session,
     tracker: Tracker,
     limits: BatchLimits,
     /// The server is MariaDB (`SET STATEMENT max_statement_time` is available).
@@ -82,11 +85,16 @@ pub struct Executor {
     track_gtid: bool,
     /// The session's `@@last_gtid` as last seen (`None`: empty, as after a reset).
     session_gtid: Option<String>,
+    /// A statement text to prepare when the session is next idle: a variant that a
+    /// request needed to join a pipeline (see [`pipeline`]).
+    to_prepare: Option<std::sync::Arc<str>>,
+    /// Which texts are known to run fast (nothing is pipelined behind the others).
+    speeds: pipeline::Speeds,
 }
 
 impl Executor {
     pub fn new(
-        conn: Conn,
+        conn: Session,
         tracker: Tracker,
         limits: BatchLimits,
         mariadb: bool,
@@ -104,13 +112,15 @@ impl Executor {
             max_packet,
             track_gtid,
             session_gtid: None,
+            to_prepare: None,
+            speeds: pipeline::Speeds::default(),
         }
     }
 
     /// Closes the session cleanly.
     pub async fn close(self) {
         if !self.dead {
-            match tokio::time::timeout(Duration::from_secs(5), self.conn.disconnect()).await {
+            match tokio::time::timeout(Duration::from_secs(5), self.conn.quit()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => debug!(error = %e, "disconnect"),
                 Err(_) => warn!("disconnect did not finish within 5 s"),
@@ -120,7 +130,7 @@ impl Executor {
 
     /// Checks an idle session (`COM_PING`). `Err` (and the session marked dead) when it is
     /// gone, e.g. closed by the server's `wait_timeout`.
-    pub async fn check_idle(&mut self) -> Result<(), mysql_async::Error> {
+    pub async fn check_idle(&mut self) -> Result<(), osprey_wire::Error> {
         if self.dead {
             return Ok(());
         }
@@ -133,30 +143,21 @@ impl Executor {
         }
     }
 
-    /// Answers one `REQUEST` frame completely (its frames leave with one flush, plus
-    /// one per full `ROWS` batch). `Err` only when the link is gone.
-    pub async fn serve(&mut self, frame: Frame, link: &LinkOut) -> Result<Outcome, LinkGone> {
+    /// Checks a `REQUEST` frame without answering it: decoded, valid, allowed, within the
+    /// server's packet limit. `Err`: the answer (never dispatched) and what follows it.
+    pub(crate) fn inspect(&self, frame: &Frame) -> Result<Checked, (ErrorBody, Outcome)> {
         let stream = frame.stream;
-        let mut out = Emitter::new(link, stream, self.limits);
-        let request: Request = match frame.body() {
-            Ok(r) => r,
-            Err(e) => {
-                let code = match e {
-                    ProtocolError::BadUtf8 => ErrorCode::BadUtf8,
-                    _ => ErrorCode::BadBody,
-                };
-                self.tracker.finish(stream).await;
-                out.fail(ErrorBody::undispatched(Origin::Worker, code, e.to_string()))
-                    .await?;
-                return Ok(Outcome::Served);
-            }
-        };
-        if let Err(why) = request.validate() {
-            self.tracker.finish(stream).await;
-            out.fail(ErrorBody::undispatched(Origin::Worker, ErrorCode::InvalidRequest, why))
-                .await?;
-            return Ok(Outcome::Served);
-        }
+        let refuse = |code, why: String| (ErrorBody::undispatched(Origin::Worker, code, why), Outcome::Served);
+        let request: Request = frame.body().map_err(|e| {
+            let code = match e {
+                ProtocolError::BadUtf8 => ErrorCode::BadUtf8,
+                _ => ErrorCode::BadBody,
+            };
+            refuse(code, e.to_string())
+        })?;
+        request
+            .validate()
+            .map_err(|why| refuse(ErrorCode::InvalidRequest, why))?;
         let controls_session = if request.batch.is_empty() {
             controls_session(&request.sql)
         } else {
@@ -170,54 +171,83 @@ impl Executor {
                 request.batch.iter().any(|st| touches_session_state(&st.sql))
             };
         if controls_session {
-            self.tracker.finish(stream).await;
-            out.fail(ErrorBody::undispatched(
-                Origin::Worker,
+            return Err(refuse(
                 ErrorCode::InvalidRequest,
                 "each request runs on whichever worker is free, so transaction control (BEGIN, COMMIT, \
                  ROLLBACK, SET autocommit, XA) and table locks cannot be sent as statements: send the \
-                 statements as one batch, which runs in one transaction",
-            ))
-            .await?;
-            return Ok(Outcome::Served);
+                 statements as one batch, which runs in one transaction"
+                    .into(),
+            ));
         }
         // Timeout: on MariaDB a single plain SELECT is bounded by the server itself;
         // anything else by a timer that sends KILL QUERY.
         let server_timeout =
             (request.timeout_ms > 0 && self.mariadb && request.batch.is_empty() && is_plain_select(&request.sql))
                 .then_some(request.timeout_ms);
-        let single_sql = match server_timeout {
-            Some(ms) => Cow::Owned(format!(
+        let sql = match server_timeout {
+            Some(ms) => format!(
                 "SET STATEMENT max_statement_time={:.3} FOR {}",
                 ms as f64 / 1000.0,
                 request.sql
-            )),
-            None => Cow::Borrowed(request.sql.as_str()),
+            ),
+            None => request.sql.clone(),
         };
         let checked = if request.batch.is_empty() {
-            preflight(&single_sql, &request.params, self.max_packet)
+            preflight(&sql, &request.params, self.max_packet)
         } else {
             request.batch.iter().enumerate().try_for_each(|(i, st)| {
                 preflight(&st.sql, &st.params, self.max_packet).map_err(|e| format!("batch statement {i}: {e}"))
             })
         };
-        if let Err(why) = checked {
-            self.tracker.finish(stream).await;
-            out.fail(ErrorBody::undispatched(Origin::Worker, ErrorCode::InvalidRequest, why))
-                .await?;
-            return Ok(Outcome::Served);
-        }
+        checked.map_err(|why| refuse(ErrorCode::InvalidRequest, why))?;
         if self.dead {
-            self.tracker.finish(stream).await;
             let mut body = ErrorBody::undispatched(
                 Origin::Worker,
                 ErrorCode::DatabaseFatal,
                 "the worker's database session was lost while idle",
             );
             body.retryable = true;
-            out.fail(body).await?;
-            return Ok(Outcome::Fatal);
+            return Err((body, Outcome::Fatal));
         }
+        Ok(Checked {
+            stream,
+            request,
+            sql: sql.into(),
+            server_timeout,
+            leaves_state,
+        })
+    }
+
+    /// Answers one `REQUEST` frame completely, and with it (pipelined, see
+    /// [`pipeline`]) the requests queued behind it that may share the session's
+    /// pipeline. Returns what the serving loop must do and how many requests were
+    /// answered. `Err` only when the link is gone.
+    pub async fn serve(&mut self, frame: Frame, queue: &Queue, link: &LinkOut) -> Result<(Outcome, u64), LinkGone> {
+        let stream = frame.stream;
+        let checked = match self.inspect(&frame) {
+            Ok(c) => c,
+            Err((body, outcome)) => {
+                self.tracker.finish(stream).await;
+                Emitter::new(link, stream, self.limits).fail(body).await?;
+                return Ok((outcome, 1));
+            }
+        };
+        if self.may_pipeline(&checked) && queue.peek_request(|_| ()).is_some() {
+            return self.run_pipeline(checked, queue, link).await;
+        }
+        self.run_alone(checked, link).await.map(|o| (o, 1))
+    }
+
+    /// Runs one checked request by itself, with the session to itself.
+    async fn run_alone(&mut self, checked: Checked, link: &LinkOut) -> Result<Outcome, LinkGone> {
+        let Checked {
+            stream,
+            request,
+            sql: single_sql,
+            server_timeout,
+            leaves_state,
+        } = checked;
+        let mut out = Emitter::new(link, stream, self.limits);
         if let Err(reason) = self.tracker.start(stream) {
             self.tracker.finish(stream).await;
             let code = stop_code(reason);
@@ -260,12 +290,15 @@ impl Executor {
         }
         let elapsed = started.elapsed().as_micros() as u64;
         let stop = self.tracker.reason(stream);
+        if request.batch.is_empty() && !matches!(result, Err(ExecError::Link(_))) {
+            self.speeds.note(&request.sql, elapsed, stop.is_some());
+        }
         // Waits for a KILL QUERY in flight, so it cannot hit the clean-up below.
         let settled = self.tracker.finish(stream).await;
         if self.track_gtid && settled && result.is_ok() && commits_out_of_sight(&request) {
             self.ask_last_gtid(&mut acc).await;
         }
-        let fatal = matches!(&result, Err(ExecError::Db(e)) if session::classify(e) == ErrorClass::Fatal);
+        let fatal = is_fatal(&result);
         let cleaned = if fatal || matches!(result, Err(ExecError::Link(_))) {
             Ok(false)
         } else if !settled {
@@ -286,54 +319,89 @@ impl Executor {
         let result = match (result, cleaned) {
             (Ok(()), Ok(true)) => Err(ExecError::LeftOpen),
             (r, Ok(_)) => r,
-            // The session's state is unknown: answer with a fatal error (a non-server
-            // error is classified fatal), then let a fresh worker take over.
+            // The session's state is unknown: answer with a fatal error, then let a fresh
+            // worker take over.
             (r, Err(why)) => {
                 let what = match &r {
                     Ok(()) => "the request succeeded".to_string(),
                     Err(e) => format!("the request failed ({e})"),
                 };
-                Err(ExecError::Db(mysql_async::Error::Other(
-                    format!("{what}, but resetting the session afterwards failed: {why}").into(),
+                Err(ExecError::Lost(format!(
+                    "{what}, but resetting the session afterwards failed: {why}"
                 )))
             }
         };
+        answer(&mut out, result, stop, !request.batch.is_empty(), &acc, elapsed).await
+    }
+}
 
-        match result {
-            Ok(()) => {
-                out.flush_rows(false).await?;
-                let end = End {
-                    affected_rows: acc.affected_rows,
-                    last_insert_id: acc.last_insert_id,
-                    warnings: acc.warnings,
-                    rows: out.sent_rows,
-                    server_time_us: elapsed,
-                    queue_time_us: 0,
-                    gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
-                };
-                out.end(&end).await?;
-                Ok(Outcome::Served)
+/// Sends a request's terminal frames: `END` with the summary, or `ERROR` + `END`.
+pub(crate) async fn answer(
+    out: &mut Emitter<'_>,
+    result: Result<(), ExecError>,
+    stop: Option<StopReason>,
+    batch: bool,
+    acc: &Summary,
+    elapsed: u64,
+) -> Result<Outcome, LinkGone> {
+    let stream = out.stream;
+    match result {
+        Ok(()) => {
+            out.flush_rows(false).await?;
+            let end = End {
+                affected_rows: acc.affected_rows,
+                last_insert_id: acc.last_insert_id,
+                warnings: acc.warnings,
+                rows: out.sent_rows,
+                server_time_us: elapsed,
+                queue_time_us: 0,
+                gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
+            };
+            out.end(&end).await?;
+            Ok(Outcome::Served)
+        }
+        Err(ExecError::Link(gone)) => Err(gone),
+        Err(e) => {
+            let (body, outcome) = error_body(&e, stop, batch);
+            match outcome {
+                Outcome::Fatal => warn!(stream, error = %e, "fatal database error"),
+                Outcome::Served => debug!(stream, error = %e, "request failed"),
             }
-            Err(ExecError::Link(gone)) => Err(gone),
-            Err(e) => {
-                let (body, outcome) = error_body(&e, stop, !request.batch.is_empty());
-                match outcome {
-                    Outcome::Fatal => warn!(stream, error = %e, "fatal database error"),
-                    Outcome::Served => debug!(stream, error = %e, "request failed"),
-                }
-                out.discard();
-                out.fail(body).await?;
-                Ok(outcome)
-            }
+            out.discard();
+            out.fail(body).await?;
+            Ok(outcome)
         }
     }
+}
+
+/// The error ends the session.
+pub(crate) fn is_fatal<T>(result: &Result<T, ExecError>) -> bool {
+    match result {
+        Err(ExecError::Db(e)) => session::classify(e) == ErrorClass::Fatal,
+        Err(ExecError::Lost(_)) => true,
+        _ => false,
+    }
+}
+
+/// A request that passed [`Executor::inspect`].
+pub(crate) struct Checked {
+    pub(crate) stream: u32,
+    pub(crate) request: Request,
+    /// The single statement's text as sent (with the server-side timeout, if any).
+    pub(crate) sql: std::sync::Arc<str>,
+    pub(crate) server_timeout: Option<u64>,
+    /// The request may leave session state behind (or `session_reset = always`).
+    pub(crate) leaves_state: bool,
 }
 
 impl Executor {
     /// The fallback for [`commits_out_of_sight`]: reads `@@last_gtid` and takes it in if
     /// it is not what the session already had before (then this request committed it).
     async fn ask_last_gtid(&mut self, acc: &mut Summary) {
-        match self.conn.query_first::<String, _>("SELECT @@last_gtid").await {
+        let now = session::query_rows(&mut self.conn, "SELECT @@last_gtid")
+            .await
+            .map(|rows| rows.first().and_then(|r| r.first()).and_then(session::text));
+        match now {
             Ok(Some(now)) if !now.is_empty() => {
                 let known = acc.last_gtid.as_ref().or(self.session_gtid.as_ref());
                 if known != Some(&now) {
@@ -347,10 +415,10 @@ impl Executor {
     }
 }
 
-/// Whether a commit of the request may report its GTID only in an OK packet the driver
-/// does not show: one that ends a result set followed by another (a procedure that
-/// writes and then returns rows, a compound statement). `CALL`, `EXECUTE` and compound
-/// statements; their requests pay a session reset anyway.
+/// Whether a commit of the request may report its GTID where the OK packets do not show
+/// it (a procedure or compound statement that commits inside: the server may report the
+/// variable change on a packet it sends before, or not at all). `CALL`, `EXECUTE` and
+/// compound statements; their requests pay a session reset anyway.
 fn commits_out_of_sight(request: &Request) -> bool {
     let texts: Vec<&str> = if request.batch.is_empty() {
         vec![&request.sql]
@@ -376,8 +444,8 @@ fn commits_out_of_sight(request: &Request) -> bool {
 /// packet tell without a round trip; after an error they are gone, so a failed
 /// request always gets a ROLLBACK. Ok(true): a successful request had left a
 /// transaction open, which was rolled back.
-async fn reset_session(conn: &mut Conn, failed: bool) -> Result<bool, mysql_async::Error> {
-    let flags = conn.last_ok_packet().map(|ok| ok.status_flags());
+async fn reset_session(conn: &mut Session, failed: bool) -> Result<bool, osprey_wire::Error> {
+    let flags = conn.last_ok().map(|ok| ok.status_flags());
     let in_trans = flags.is_some_and(|f| f.contains(StatusFlags::SERVER_STATUS_IN_TRANS));
     let autocommit_off = flags.is_some_and(|f| !f.contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT));
     if !(failed || in_trans || autocommit_off) {
@@ -386,10 +454,8 @@ async fn reset_session(conn: &mut Conn, failed: bool) -> Result<bool, mysql_asyn
     if in_trans && !failed {
         warn!("request left a transaction open; rolling it back");
     }
-    conn.query_drop("ROLLBACK").await?;
-    let autocommit_off = conn
-        .last_ok_packet()
-        .is_some_and(|ok| !ok.status_flags().contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT));
+    let ok = conn.query_drop("ROLLBACK").await?;
+    let autocommit_off = !ok.status_flags().contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT);
     if autocommit_off {
         warn!("request turned autocommit off; turning it back on");
         conn.query_drop("SET autocommit = 1").await?;
@@ -401,21 +467,27 @@ async fn reset_session(conn: &mut Conn, failed: bool) -> Result<bool, mysql_asyn
 /// user locks, prepared statements, and the configured database; then asks again for
 /// `last_gtid` tracking (`track_gtid`), which the reset turned off with the other
 /// session variables.
-async fn reset_connection(conn: &mut Conn, mariadb: bool, track_gtid: bool) -> Result<(), String> {
+async fn reset_connection(conn: &mut Session, mariadb: bool, track_gtid: bool) -> Result<(), String> {
     let db = conn
         .opts()
-        .db_name()
+        .database
+        .as_deref()
         .filter(|d| !d.is_empty())
         .map(|d| d.replace('`', "``"));
     let reset = match db {
-        Some(_) => conn.reset().await.map_err(|e| e.to_string())?,
+        Some(_) => match conn.reset_connection().await {
+            Ok(()) => true,
+            // ER_UNKNOWN_COM_ERROR: a server older than COM_RESET_CONNECTION.
+            Err(osprey_wire::Error::Server(e)) if e.code == 1047 => false,
+            Err(e) => return Err(e.to_string()),
+        },
         None => false,
     };
     if !reset {
         // No database to go back to (COM_RESET_CONNECTION keeps the current one),
         // or a server without it: COM_CHANGE_USER with the same credentials resets
         // everything, the database included.
-        conn.change_user(Default::default()).await.map_err(|e| e.to_string())?;
+        conn.change_user().await.map_err(|e| e.to_string())?;
         if track_gtid {
             conn.query_drop(session::TRACK_LAST_GTID)
                 .await
@@ -434,12 +506,12 @@ async fn reset_connection(conn: &mut Conn, mariadb: bool, track_gtid: bool) -> R
         restore.push_str("; ");
         restore.push_str(session::TRACK_LAST_GTID);
     }
-    conn.query_drop(restore).await.map_err(|e| e.to_string())
+    conn.query_drop(&restore).await.map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// Sums over the statements of a request.
 #[derive(Debug, Default)]
-struct Summary {
+pub(crate) struct Summary {
     affected_rows: u64,
     last_insert_id: Option<u64>,
     warnings: u32,
@@ -483,7 +555,7 @@ fn note_gtid(ok: Option<&OkPacket<'_>>, acc: &mut Summary) {
 }
 
 async fn run_batch(
-    conn: &mut Conn,
+    conn: &mut Session,
     tracker: &Tracker,
     stream: u32,
     batch: &[Statement],
@@ -501,9 +573,9 @@ async fn run_batch(
         if let Some(reason) = tracker.reason(stream) {
             return Err(ExecError::Stopped(reason));
         }
-        conn.query_drop("COMMIT").await?;
+        let ok = conn.query_drop("COMMIT").await?;
         // The statements' OK packets carry no GTID inside the transaction: the COMMIT's does.
-        note_gtid(conn.last_ok_packet(), acc);
+        note_gtid(Some(&ok), acc);
         Ok(())
     }
     .await;
@@ -516,9 +588,7 @@ async fn run_batch(
             if let Err(rb) = conn.query_drop("ROLLBACK").await {
                 // A transaction we cannot end would leak into the next request.
                 warn!(error = %rb, "ROLLBACK failed; giving up the session");
-                return Err(ExecError::Db(mysql_async::Error::Other(
-                    format!("ROLLBACK after `{e}` failed: {rb}").into(),
-                )));
+                return Err(ExecError::Lost(format!("ROLLBACK after `{e}` failed: {rb}")));
             }
             Err(e)
         }
@@ -526,21 +596,27 @@ async fn run_batch(
 }
 
 async fn run_statement(
-    conn: &mut Conn,
+    conn: &mut Session,
     sql: &str,
     params: &[Value],
     out: &mut Emitter<'_>,
     acc: &mut Summary,
 ) -> Result<(), ExecError> {
+    send_statement(conn, sql, params).await?;
+    stream_results(conn, out, acc).await
+}
+
+/// Sends one statement: `COM_QUERY` without parameters, else `COM_STMT_EXECUTE` of the
+/// cached prepared statement (prepared now on a miss: a round trip).
+async fn send_statement(conn: &mut Session, sql: &str, params: &[Value]) -> Result<(), ExecError> {
     if params.is_empty() {
-        let mut result = conn.query_iter(sql).await?;
-        stream_results(&mut result, out, acc).await?;
+        conn.send_query(sql)?;
     } else {
         // The server's own count of markers (the statement is cached, so this costs a
-        // round trip only the first time): the driver would close the session on a
-        // mismatch. `preflight` leaves the count to this check where the server may read
-        // the text differently (a `/*!NNNNN` comment for a newer version, NO_BACKSLASH_ESCAPES).
-        let stmt = conn.prep(sql).await?;
+        // round trip only the first time). `preflight` leaves the count to this check
+        // where the server may read the text differently (a `/*!NNNNN` comment for a
+        // newer version, NO_BACKSLASH_ESCAPES).
+        let stmt = conn.prepare(sql).await?;
         if usize::from(stmt.num_params()) != params.len() {
             return Err(ExecError::Refused(format!(
                 "the database counts {} parameter markers (?) in the statement, but {} parameters were sent",
@@ -548,22 +624,17 @@ async fn run_statement(
                 params.len()
             )));
         }
-        let params = Params::Positional(params.iter().map(convert::param).collect());
-        let mut result = conn.exec_iter(&stmt, params).await?;
-        stream_results(&mut result, out, acc).await?;
+        let params: Vec<osprey_wire::Value> = params.iter().map(convert::param).collect();
+        conn.send_execute(&stmt, &params)?;
     }
-    // The statement's last packet: the end of its last result set (`INSERT ... RETURNING`,
-    // a CALL's status), whose GTID `stream_results` cannot see.
-    note_gtid(conn.last_ok_packet(), acc);
     Ok(())
 }
 
-/// Checks one statement against everything the driver would refuse, or the server answer
-/// by closing the session, before either sees it: `mysql_async` closes its connection on
-/// every error it raises itself. `Err` is an `INVALID_REQUEST` message.
+/// Checks one statement against what the worker does not support, or the server would
+/// answer by closing the session, before it is sent. `Err` is an `INVALID_REQUEST` message.
 fn preflight(sql: &str, params: &[Value], max_packet: usize) -> Result<(), String> {
-    // Without a handler the driver fails a LOCAL INFILE request from the server and
-    // closes the session; the worker has no files to give anyway.
+    // The worker has no files to give (osprey-wire answers a request the scan misses
+    // with an empty file, which breaks the session if statements are pipelined behind it).
     if loads_local_file(sql) {
         return Err(
             "LOAD DATA/XML LOCAL INFILE is not supported: the worker has no client files to send \
@@ -591,8 +662,8 @@ fn preflight(sql: &str, params: &[Value], max_packet: usize) -> Result<(), Strin
         ));
     }
     if !params.is_empty() {
-        // The driver rewrites `:name` in the text of a prepared statement into a named
-        // parameter, which positional parameters cannot fill (and it then closes the session).
+        // Kept from the mysql_async days (which rewrote `:name` into a named parameter):
+        // clients were told `:name` is refused next to `?` markers, and still are.
         match mysql_common::named_params::ParsedNamedParams::parse(sql.as_bytes()) {
             Ok(parsed) if parsed.params().is_empty() => {}
             Ok(parsed) => {
@@ -630,39 +701,58 @@ fn packet_size(sql: &str, params: &[Value]) -> usize {
     text.max(execute)
 }
 
-/// Streams every result set of one statement.
-async fn stream_results<P: Protocol + Unpin>(
-    result: &mut QueryResult<'_, '_, P>,
-    out: &mut Emitter<'_>,
-    acc: &mut Summary,
-) -> Result<(), ExecError> {
-    while let Some(mut set) = result.stream::<Row>().await? {
-        let columns = set.columns();
-        if columns.is_empty() {
-            // An OK packet: DML, DDL, or the status at the end of a CALL.
-            while set.try_next().await?.is_some() {}
-            note_gtid(set.ok_packet(), acc);
-            acc.affected_rows += set.affected_rows();
-            if let Some(id) = set.last_insert_id().filter(|id| *id != 0) {
-                acc.last_insert_id = Some(id);
+/// Streams every result set of the oldest pending response (one statement's): rows in
+/// batches, affected rows, last insert id, GTIDs and warnings into `acc`. On a row that
+/// does not fit a frame, the rest of the response is read and dropped, so that the
+/// session stays in step.
+async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Summary) -> Result<(), ExecError> {
+    // The current result set's column kinds (`None`: a result without rows).
+    let mut kinds: Option<Vec<ColumnKind>> = None;
+    loop {
+        match conn.next_event().await? {
+            DbEvent::Columns(columns) => {
+                kinds = Some(columns.iter().map(ColumnKind::of).collect());
+                out.columns(&columns).await?;
             }
-            continue;
-        }
-        let kinds: Vec<ColumnKind> = columns.iter().map(ColumnKind::of).collect();
-        out.columns(&columns).await?;
-        while let Some(row) = set.try_next().await? {
-            let values = row
-                .unwrap_raw()
-                .into_iter()
-                .zip(&kinds)
-                .map(|(v, k)| v.map_or(Value::Null, |v| convert::value(*k, v)))
-                .collect();
-            out.row(values).await?;
+            DbEvent::Row(row) => {
+                let Some(kinds) = &kinds else {
+                    continue;
+                };
+                let values = row
+                    .unwrap_raw()
+                    .into_iter()
+                    .zip(kinds)
+                    .map(|(v, k)| v.map_or(Value::Null, |v| convert::value(*k, v)))
+                    .collect();
+                if let Err(e) = out.row(values).await {
+                    if !matches!(e, ExecError::Link(_)) {
+                        match conn.drain().await {
+                            Err(d) if d.is_fatal() => return Err(d.into()),
+                            _ => {}
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+            DbEvent::End { ok, more_results } => {
+                // Every OK packet may carry a commit's GTID: DML, the end of a result set
+                // (`INSERT ... RETURNING`), a CALL's status.
+                note_gtid(Some(&ok), acc);
+                if kinds.take().is_none() {
+                    // An OK packet: DML, DDL, or the status at the end of a CALL.
+                    acc.affected_rows += ok.affected_rows();
+                    if let Some(id) = ok.last_insert_id().filter(|id| *id != 0) {
+                        acc.last_insert_id = Some(id);
+                    }
+                }
+                if !more_results {
+                    // The last OK/EOF packet of the statement carries its warning count.
+                    acc.warnings += u32::from(ok.warnings());
+                    return Ok(());
+                }
+            }
         }
     }
-    // The last OK/EOF packet of the statement carries its warning count.
-    acc.warnings += u32::from(result.warnings());
-    Ok(())
 }
 
 /// The wire answer for a failure, and whether the session survives it.
@@ -679,7 +769,7 @@ fn error_body(e: &ExecError, stop: Option<StopReason>, batch: bool) -> (ErrorBod
     let mut outcome = Outcome::Served;
     match e {
         ExecError::Db(db) => {
-            if let mysql_async::Error::Server(s) = db {
+            if let Some(s) = db.server() {
                 body.errno = Some(s.code);
                 body.sqlstate = Some(s.state.clone());
                 body.message = s.message.clone();
@@ -706,6 +796,10 @@ fn error_body(e: &ExecError, stop: Option<StopReason>, batch: bool) -> (ErrorBod
                 }
             }
         }
+        ExecError::Lost(_) => {
+            body.code = ErrorCode::DatabaseFatal;
+            outcome = Outcome::Fatal;
+        }
         ExecError::RowTooLarge(_) => body.code = ErrorCode::FrameTooLarge,
         ExecError::LeftOpen => body.code = ErrorCode::InvalidRequest,
         ExecError::Refused(_) => {
@@ -727,7 +821,7 @@ fn stop_code(reason: StopReason) -> ErrorCode {
 }
 
 /// Builds the frames of one stream: result sets, row batches, the terminal frame.
-struct Emitter<'o> {
+pub(crate) struct Emitter<'o> {
     link: &'o LinkOut,
     stream: u32,
     limits: BatchLimits,
@@ -735,6 +829,9 @@ struct Emitter<'o> {
     rows: Vec<Vec<Value>>,
     bytes: usize,
     sent_rows: u64,
+    /// Result sets and rows are dropped, not sent (a pipelined statement cancelled before
+    /// it ran: its result is read from the session, and thrown away).
+    discarding: bool,
 }
 
 impl<'o> Emitter<'o> {
@@ -747,6 +844,7 @@ impl<'o> Emitter<'o> {
             rows: Vec::new(),
             bytes: 0,
             sent_rows: 0,
+            discarding: false,
         }
     }
 
@@ -756,7 +854,10 @@ impl<'o> Emitter<'o> {
             .clamp(1, self.limits.max_payload.saturating_sub(FRAME_SLACK).max(1))
     }
 
-    async fn columns(&mut self, columns: &[mysql_async::Column]) -> Result<(), LinkGone> {
+    async fn columns(&mut self, columns: &[osprey_wire::Column]) -> Result<(), LinkGone> {
+        if self.discarding {
+            return Ok(());
+        }
         self.flush_rows(false).await?;
 
         let body = Columns {
@@ -769,6 +870,9 @@ impl<'o> Emitter<'o> {
     }
 
     async fn row(&mut self, row: Vec<Value>) -> Result<(), ExecError> {
+        if self.discarding {
+            return Ok(());
+        }
         let size = 5 + row.iter().map(convert::encoded_size_bound).sum::<usize>();
         if size > self.limits.max_payload.saturating_sub(FRAME_SLACK) {
             return Err(ExecError::RowTooLarge(size));

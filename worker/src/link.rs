@@ -16,7 +16,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use osprey_protocol::{
     Cancel, End, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Origin, Ping, ProtocolError,
     CANCEL_RECLAIM, HEADER_LEN, PROTOCOL_MAJOR,
@@ -278,6 +278,56 @@ pub enum Event {
     GoAway,
 }
 
+/// The events read and not yet taken, shared between the [`Link`] (which adds them, and
+/// removes a request taken back) and the executor (which takes the requests queued
+/// behind the one it serves, to pipeline them). One task: a borrow never crosses an
+/// `.await`.
+#[derive(Clone, Default)]
+pub struct Queue(Rc<RefCell<VecDeque<Event>>>);
+
+impl Queue {
+    fn len(&self) -> usize {
+        self.0.borrow().len()
+    }
+
+    fn push(&self, ev: Event) {
+        self.0.borrow_mut().push_back(ev);
+    }
+
+    fn pop(&self) -> Option<Event> {
+        self.0.borrow_mut().pop_front()
+    }
+
+    /// Removes the queued request of `stream`; whether there was one.
+    fn remove_request(&self, stream: u32) -> bool {
+        let mut q = self.0.borrow_mut();
+        let at = q
+            .iter()
+            .position(|e| matches!(e, Event::Request(f) if f.stream == stream));
+        at.and_then(|at| q.remove(at)).is_some()
+    }
+
+    /// Looks at the first event if it is a request.
+    pub fn peek_request<T>(&self, f: impl FnOnce(&Frame) -> T) -> Option<T> {
+        match self.0.borrow().front() {
+            Some(Event::Request(frame)) => Some(f(frame)),
+            _ => None,
+        }
+    }
+
+    /// Takes the first event if it is a request.
+    pub fn pop_request(&self) -> Option<Frame> {
+        let mut q = self.0.borrow_mut();
+        match q.front() {
+            Some(Event::Request(_)) => match q.pop_front() {
+                Some(Event::Request(frame)) => Some(frame),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
 /// Why the link stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkEnd {
@@ -317,7 +367,7 @@ impl From<LinkGone> for LinkEnd {
 pub struct Link {
     reader: FramedRead<SockRead, FrameCodec>,
     tracker: Tracker,
-    events: VecDeque<Event>,
+    events: Queue,
     keepalive: Duration,
     silence: Duration,
     last_read: Instant,
@@ -346,7 +396,7 @@ impl Link {
         Link {
             reader,
             tracker,
-            events: VecDeque::new(),
+            events: Queue::default(),
             keepalive,
             silence,
             last_read: now,
@@ -354,6 +404,11 @@ impl Link {
             timer: Box::pin(sleep_until(now + keepalive.min(silence))),
             extra: None,
         }
+    }
+
+    /// The queue of events read and not yet taken.
+    pub fn queue(&self) -> Queue {
+        self.events.clone()
     }
 
     /// A deadline of the caller's (the timer fires at it, or earlier).
@@ -423,10 +478,10 @@ impl Link {
             }
             Kind::Request => {
                 self.tracker.opened(frame.stream);
-                self.events.push_back(Event::Request(frame));
+                self.events.push(Event::Request(frame));
             }
-            Kind::QuitNow => self.events.push_back(Event::QuitNow),
-            Kind::GoAway => self.events.push_back(Event::GoAway),
+            Kind::QuitNow => self.events.push(Event::QuitNow),
+            Kind::GoAway => self.events.push(Event::GoAway),
             Kind::Error if frame.stream == 0 => {
                 let why = frame
                     .body::<ErrorBody>()
@@ -452,15 +507,10 @@ impl Link {
     /// queue but not started: it will be answered so when its turn comes. Started: it
     /// runs on, unharmed (the dispatcher relays its answer as usual).
     fn reclaim(&mut self, stream: u32, out: &LinkOut) -> Result<(), LinkEnd> {
-        let queued = self
-            .events
-            .iter()
-            .position(|e| matches!(e, Event::Request(f) if f.stream == stream));
-        let Some(at) = queued else {
+        if !self.events.remove_request(stream) {
             self.tracker.reclaim(stream);
             return Ok(());
-        };
-        self.events.remove(at);
+        }
         self.tracker.forget(stream);
         let body = ErrorBody::undispatched(Origin::Worker, ErrorCode::Cancelled, "taken back before it started");
         out.push(&Frame::new(Kind::Error, stream, &body));
@@ -472,7 +522,10 @@ impl Link {
     /// Waits for the next event (or the timer), keeping the link alive meanwhile.
     pub async fn next(&mut self, out: &LinkOut) -> Result<Wake, LinkEnd> {
         loop {
-            if let Some(ev) = self.events.pop_front() {
+            if let Some(ev) = self.events.pop() {
+                if matches!(ev, Event::Request(_)) {
+                    self.take_buffered(out)?;
+                }
                 return Ok(Wake::Event(ev));
             }
             tokio::select! {
@@ -485,6 +538,18 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// Queues the frames already read (or readable without waiting), so that the executor
+    /// sees the requests that came with this one and can pipeline them.
+    fn take_buffered(&mut self, out: &LinkOut) -> Result<(), LinkEnd> {
+        while self.events.len() < MAX_QUEUED_EVENTS {
+            match self.reader.next().now_or_never() {
+                Some(next) => self.on_frame(next, out)?,
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     /// Runs `work` (a statement, a connect) while answering pings, acting on cancels and

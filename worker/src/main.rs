@@ -41,7 +41,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use mysql_async::prelude::Queryable;
 use osprey_protocol::{
     ErrorBody, ErrorCode, Frame, Hello, Kind, Origin, QuitRequest, Ready, Role, WorkerSettings, PROTOCOL_MAJOR,
     PROTOCOL_MINOR,
@@ -200,14 +199,24 @@ async fn serve(
     let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
     let opened = async {
         let (mut conn, opts) = session::open(backend, settings.backend_tls.as_ref(), connect_timeout).await?;
-        let info: Option<(String, u64)> = conn
-            .query_first("SELECT VERSION(), @@max_allowed_packet")
+        let rows = session::query_rows(&mut conn, "SELECT VERSION(), @@max_allowed_packet")
             .await
             .map_err(|source| session::SessionError::Connect {
                 backend: backend.name.clone(),
                 source,
             })?;
-        let info = info.unwrap_or_default();
+        let info: (String, u64) = rows
+            .first()
+            .map(|r| {
+                (
+                    r.first().and_then(session::text).unwrap_or_default(),
+                    r.get(1)
+                        .and_then(session::text)
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0),
+                )
+            })
+            .unwrap_or_default();
         // MySQL has no last_gtid (its GTIDs are another format): GTIDs in END are MariaDB's.
         let track_gtid = info.0.contains("MariaDB")
             && session::track_last_gtid(&mut conn)
@@ -227,7 +236,7 @@ async fn serve(
             return Ok(exit::DATABASE_UNREACHABLE);
         }
     };
-    let db_connection_id = conn.id();
+    let db_connection_id = conn.connection_id();
     info!(db_connection_id, %server_version, max_packet, "database session open");
     tracker.set_killer(Killer {
         opts: opts.clone(),
@@ -278,9 +287,12 @@ async fn serve(
     loop {
         match link.next(out).await? {
             Wake::Event(Event::Request(frame)) => {
-                let outcome = link.drive(out, exec.serve(frame, out)).await??;
+                let queue = link.queue();
+                let (outcome, answered) = link.drive(out, exec.serve(frame, &queue, out)).await??;
                 last_db_use = Instant::now();
-                recycler.served_one();
+                for _ in 0..answered {
+                    recycler.served_one();
+                }
                 if outcome == Outcome::Fatal {
                     out.flush().await?;
                     return Ok(exit::DATABASE_FATAL);

@@ -3,123 +3,93 @@
 
 use std::time::Duration;
 
-use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, DriverError, Opts, OptsBuilder, SslOpts};
 use osprey_protocol::{Backend, BackendTls, SslMode};
-
-/// The driver's own packet limit, in both directions: the protocol's maximum (1 GiB), so
-/// that it never refuses a row the server sends (the driver closes its connection on any
-/// error of its own). What the server accepts is the server's `max_allowed_packet`,
-/// read at connect and checked before sending (`execute::preflight`). Given here so that
-/// connecting costs no extra query.
-const MAX_ALLOWED_PACKET: usize = 1024 * 1024 * 1024;
-/// `wait_timeout` the client assumes (server default; only informs the driver).
-const WAIT_TIMEOUT: usize = 28_800;
-const STMT_CACHE_SIZE: usize = 256;
+use osprey_wire::{Error, Opts, Session, TlsOpts, Value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("cannot connect to {backend} within {timeout:?}")]
     ConnectTimeout { backend: String, timeout: Duration },
     #[error("cannot connect to {backend}: {source}")]
-    Connect {
-        backend: String,
-        source: mysql_async::Error,
-    },
+    Connect { backend: String, source: Error },
 }
 
 /// Options for the worker's session and for its side connections. `tls` absent or
-/// `disabled`: plain TCP; `preferred` asks for TLS here, and [`open`] falls back.
-pub fn opts(b: &Backend, tls: Option<&BackendTls>) -> Opts {
-    let builder = OptsBuilder::default()
-        .ip_or_hostname(b.host.clone())
-        .tcp_port(b.port)
-        .user(Some(b.user.clone()))
-        .pass(Some(b.password.clone()))
-        .db_name(b.database.clone())
-        .prefer_socket(false)
-        .max_allowed_packet(Some(MAX_ALLOWED_PACKET))
-        .wait_timeout(Some(WAIT_TIMEOUT))
-        .stmt_cache_size(STMT_CACHE_SIZE)
-        .local_infile_handler(Some(NoFiles));
-    builder.ssl_opts(tls.and_then(ssl_opts)).into()
-}
-
-fn ssl_opts(tls: &BackendTls) -> Option<SslOpts> {
-    let verified = |ssl: SslOpts| match &tls.ca_file {
-        // A CA given is the only one trusted; else the built-in public roots.
-        Some(ca) => ssl
-            .with_root_certs(vec![std::path::PathBuf::from(ca).into()])
-            .with_disable_built_in_roots(true),
-        None => ssl,
-    };
-    match tls.mode {
-        SslMode::Disabled => None,
-        // Encryption against a passive listener only, as MySQL's PREFERRED and REQUIRED.
-        SslMode::Preferred | SslMode::Required => Some(SslOpts::default().with_danger_accept_invalid_certs(true)),
-        SslMode::VerifyCa => Some(verified(SslOpts::default()).with_danger_skip_domain_validation(true)),
-        SslMode::VerifyIdentity => {
-            Some(verified(SslOpts::default()).with_danger_tls_hostname_override(tls.server_name.clone()))
-        }
-    }
-}
-
-/// Opens the worker's session; returns the options that worked, for side connections.
-/// Under `preferred`, a server that offers no TLS gets a second, plain connection.
-pub async fn open(b: &Backend, tls: Option<&BackendTls>, timeout: Duration) -> Result<(Conn, Opts), SessionError> {
-    let opts = opts(b, tls);
-    match connect(b, &opts, timeout).await {
-        Err(SessionError::Connect {
-            source: mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer),
-            ..
-        }) if tls.is_some_and(|t| t.mode == SslMode::Preferred) => {
-            tracing::warn!(backend = %describe(b), "ssl_mode preferred: the database offers no TLS; connecting in clear");
-            let plain = self::opts(b, None);
-            let conn = connect(b, &plain, timeout).await?;
-            Ok((conn, plain))
-        }
-        r => r.map(|conn| (conn, opts)),
-    }
-}
-
-/// Answers a server's LOCAL INFILE request with an empty file. Such statements are
-/// refused before they are sent (`osprey_sql::loads_local_file`); this is the net for one
-/// the scan could miss: without a handler the driver fails the request and closes the
-/// session, with this one the server loads nothing and the session stays.
-struct NoFiles;
-
-impl mysql_async::prelude::GlobalHandler for NoFiles {
-    fn handle(
-        &self,
-        _file_name: &[u8],
-    ) -> futures::future::BoxFuture<'static, Result<mysql_async::InfileData, mysql_async::LocalInfileError>> {
-        Box::pin(async {
-            let empty: mysql_async::InfileData = Box::pin(futures::stream::empty());
-            Ok(empty)
+/// `disabled`: plain TCP; `preferred` falls back to plain TCP on the same connection
+/// when the server offers no TLS (osprey-wire does it, and logs it).
+pub fn opts(b: &Backend, tls: Option<&BackendTls>, timeout: Duration) -> Opts {
+    let mut opts = Opts::new(b.host.clone(), b.port, b.user.clone(), b.password.clone());
+    opts.database = b.database.clone().filter(|d| !d.is_empty());
+    opts.connect_timeout = timeout;
+    opts.tls = tls.and_then(|t| {
+        let mode = match t.mode {
+            SslMode::Disabled => return None,
+            SslMode::Preferred => osprey_wire::SslMode::Preferred,
+            SslMode::Required => osprey_wire::SslMode::Required,
+            SslMode::VerifyCa => osprey_wire::SslMode::VerifyCa,
+            SslMode::VerifyIdentity => osprey_wire::SslMode::VerifyIdentity,
+        };
+        Some(TlsOpts {
+            mode,
+            ca_file: t.ca_file.as_ref().map(Into::into),
+            server_name: t.server_name.clone(),
         })
-    }
+    });
+    opts
 }
 
 fn describe(b: &Backend) -> String {
     format!("{} ({}:{})", b.name, b.host, b.port)
 }
 
-/// Opens a connection within `timeout`.
-pub async fn connect(b: &Backend, opts: &Opts, timeout: Duration) -> Result<Conn, SessionError> {
-    match tokio::time::timeout(timeout, Conn::new(opts.clone())).await {
-        Err(_) => Err(SessionError::ConnectTimeout {
+/// Opens the worker's session; returns the options, for side connections.
+pub async fn open(b: &Backend, tls: Option<&BackendTls>, timeout: Duration) -> Result<(Session, Opts), SessionError> {
+    let opts = opts(b, tls, timeout);
+    match Session::connect(&opts).await {
+        Ok(s) => Ok((s, opts)),
+        Err(Error::ConnectTimeout(_)) => Err(SessionError::ConnectTimeout {
             backend: describe(b),
             timeout,
         }),
-        Ok(Err(source)) => Err(SessionError::Connect {
+        Err(source) => Err(SessionError::Connect {
             backend: describe(b),
             source,
         }),
-        Ok(Ok(conn)) => Ok(conn),
     }
 }
 
-/// Sends `KILL QUERY <id>` for the worker's session from a short-lived connection.
+/// The rows of `sql` (text protocol), for the worker's own small queries.
+pub async fn query_rows(session: &mut Session, sql: &str) -> Result<Vec<Vec<Value>>, Error> {
+    session.send_query(sql)?;
+    collect_rows(session).await
+}
+
+/// The rows of the oldest pending response (every result set's, in order).
+async fn collect_rows(session: &mut Session) -> Result<Vec<Vec<Value>>, Error> {
+    let mut rows = Vec::new();
+    loop {
+        match session.next_event().await? {
+            osprey_wire::Event::Row(row) => {
+                rows.push(row.unwrap_raw().into_iter().map(|v| v.unwrap_or(Value::NULL)).collect())
+            }
+            osprey_wire::Event::End {
+                more_results: false, ..
+            } => return Ok(rows),
+            _ => {}
+        }
+    }
+}
+
+/// A text value as a string (`None` for NULL).
+pub fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::Bytes(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::NULL => None,
+        other => Some(other.as_sql(true)),
+    }
+}
+
+/// Sends `KILL QUERY` for the worker's session from a short-lived connection.
 #[derive(Debug)]
 pub struct Killer {
     pub opts: Opts,
@@ -127,44 +97,117 @@ pub struct Killer {
     pub timeout: Duration,
 }
 
+fn timed_out(what: &str) -> Error {
+    Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("{what} timed out"),
+    ))
+}
+
 impl Killer {
     /// Sends one `KILL QUERY` on `side` (opened first if `None`; dropped again on an
-    /// error, so the next call opens a fresh one), within `timeout`.
-    pub async fn kill_query(&self, side: &mut Option<Conn>) -> Result<(), mysql_async::Error> {
+    /// error, so the next call opens a fresh one), within `timeout`. With `query_id`,
+    /// MariaDB's `KILL QUERY ID`: only that statement is stopped, never one pipelined
+    /// behind it that starts meanwhile.
+    pub async fn kill_query(&self, side: &mut Option<Session>, query_id: Option<u64>) -> Result<(), Error> {
+        let sql = match query_id {
+            Some(id) => format!("KILL QUERY ID {id}"),
+            None => format!("KILL QUERY {}", self.conn_id),
+        };
         let work = async {
             if side.is_none() {
-                *side = Some(Conn::new(self.opts.clone()).await?);
+                *side = Some(Session::connect(&self.opts).await?);
             }
             match side.as_mut() {
-                Some(conn) => conn.query_drop(format!("KILL QUERY {}", self.conn_id)).await,
+                Some(conn) => conn.query_drop(&sql).await.map(|_| ()),
                 None => Ok(()),
             }
         };
         let r = match tokio::time::timeout(self.timeout, work).await {
             Ok(r) => r,
-            Err(_) => Err(mysql_async::Error::Other("KILL QUERY timed out".into())),
+            Err(_) => Err(timed_out("KILL QUERY")),
         };
         if r.is_err() {
             *side = None;
         }
         r
     }
-}
 
-impl Killer {
     /// The session's `COMMAND` in the processlist (`Query`, `Execute`, `Sleep`, or `Killed`
     /// once a kill is pending), with its state and statement, for the log; `None` if the
     /// side connection cannot tell.
-    pub async fn command(&self, side: &mut Option<Conn>) -> Option<(String, String)> {
+    pub async fn command(&self, side: &mut Option<Session>) -> Option<(String, String)> {
         let conn = side.as_mut()?;
-        let sql = "SELECT COMMAND, CONCAT_WS(' / ', STATE, TIME_MS, LEFT(INFO, 60)) \
-                   FROM information_schema.PROCESSLIST WHERE ID = ?";
-        let work = conn.exec_first::<(String, Option<String>), _, _>(sql, (self.conn_id,));
-        match tokio::time::timeout(self.timeout, work).await {
-            Ok(Ok(Some((command, detail)))) => Some((command, detail.unwrap_or_default())),
-            Ok(Ok(None)) => Some(("gone".into(), String::new())),
-            _ => None,
+        let sql = format!(
+            "SELECT COMMAND, CONCAT_WS(' / ', STATE, TIME_MS, LEFT(INFO, 60)) \
+             FROM information_schema.PROCESSLIST WHERE ID = {}",
+            self.conn_id
+        );
+        match tokio::time::timeout(self.timeout, query_rows(conn, &sql)).await {
+            Ok(Ok(rows)) => match rows.first() {
+                Some(row) => Some((
+                    row.first().and_then(text).unwrap_or_default(),
+                    row.get(1).and_then(text).unwrap_or_default(),
+                )),
+                None => Some(("gone".into(), String::new())),
+            },
+            Ok(Err(e)) => {
+                if e.is_fatal() {
+                    *side = None;
+                }
+                None
+            }
+            Err(_) => {
+                *side = None;
+                None
+            }
         }
+    }
+
+    /// MariaDB's `QUERY_ID` of the session's statement whose text is exactly `sql`, as the
+    /// processlist shows it now; `Ok(None)` when the session runs another statement (or
+    /// none). Needs a side connection (opened if `None`).
+    pub async fn query_id(&self, side: &mut Option<Session>, sql: &str) -> Result<Option<u64>, Error> {
+        let work = async {
+            if side.is_none() {
+                *side = Some(Session::connect(&self.opts).await?);
+            }
+            let Some(conn) = side.as_mut() else {
+                return Ok(None);
+            };
+            let stmt = conn
+                .prepare("SELECT QUERY_ID FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO = ?")
+                .await?;
+            conn.send_execute(
+                &stmt,
+                &[
+                    Value::UInt(u64::from(self.conn_id)),
+                    Value::Bytes(sql.as_bytes().to_vec()),
+                ],
+            )?;
+            let rows = collect_rows(conn).await?;
+            Ok(rows.first().and_then(|r| r.first()).and_then(|v| match v {
+                Value::Int(i) => u64::try_from(*i).ok(),
+                Value::UInt(u) => Some(*u),
+                Value::Bytes(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
+                _ => None,
+            }))
+        };
+        let r = match tokio::time::timeout(self.timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(timed_out("the processlist query")),
+        };
+        if r.as_ref().is_err_and(|e| e.is_fatal()) {
+            *side = None;
+        }
+        r
+    }
+}
+
+/// Closes a side connection without waiting long for it.
+pub async fn close_side(side: Option<Session>) {
+    if let Some(conn) = side {
+        let _ = tokio::time::timeout(Duration::from_secs(1), conn.quit()).await;
     }
 }
 
@@ -204,22 +247,19 @@ const FATAL_SERVER_ERRORS: &[u16] = &[
 pub enum ErrorClass {
     /// The server rejected the statement; the session is fine.
     Database,
-    /// The driver refused the request before executing it (named and positional
-    /// parameters mixed: found before any command, so the session is fine and nothing ran).
+    /// The session refused the command before sending anything (osprey-wire's
+    /// `Error::Refused`): the session is fine and nothing ran.
     Rejected,
     /// The session is lost or unusable: answer, then exit.
     Fatal,
 }
 
-pub fn classify(e: &mysql_async::Error) -> ErrorClass {
-    use mysql_async::{DriverError as D, Error as E};
+pub fn classify(e: &Error) -> ErrorClass {
     match e {
-        E::Server(s) if FATAL_SERVER_ERRORS.contains(&s.code) => ErrorClass::Fatal,
-        E::Server(_) => ErrorClass::Database,
-        // Every other driver error comes from inside a command, after which the driver
-        // has closed the connection (`Conn::routine`): a wrong parameter count included,
-        // which is why `execute::preflight` and the prepared count keep it from happening.
-        E::Driver(D::MixedParams) => ErrorClass::Rejected,
+        Error::Server(s) if FATAL_SERVER_ERRORS.contains(&s.code) => ErrorClass::Fatal,
+        Error::Server(_) => ErrorClass::Database,
+        Error::Refused(_) => ErrorClass::Rejected,
+        // I/O, protocol, TLS, authentication: osprey-wire has broken the session.
         _ => ErrorClass::Fatal,
     }
 }
@@ -237,10 +277,10 @@ pub const TRACK_LAST_GTID: &str = "SET SESSION session_track_system_variables = 
 
 /// Asks a MariaDB session to report `last_gtid` ([`TRACK_LAST_GTID`]). `false` (logged)
 /// when the server refuses: the worker then serves without GTIDs in `END`.
-pub async fn track_last_gtid(conn: &mut Conn) -> Result<bool, mysql_async::Error> {
+pub async fn track_last_gtid(conn: &mut Session) -> Result<bool, Error> {
     match conn.query_drop(TRACK_LAST_GTID).await {
-        Ok(()) => Ok(true),
-        Err(mysql_async::Error::Server(e)) => {
+        Ok(_) => Ok(true),
+        Err(Error::Server(e)) if !FATAL_SERVER_ERRORS.contains(&e.code) => {
             tracing::warn!(code = e.code, message = %e.message, "the server does not track last_gtid: no GTID in END");
             Ok(false)
         }
@@ -251,7 +291,7 @@ pub async fn track_last_gtid(conn: &mut Conn) -> Result<bool, mysql_async::Error
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mysql_async::{DriverError, Error, ServerError};
+    use osprey_wire::ServerError;
 
     fn server(code: u16) -> Error {
         Error::Server(ServerError {
@@ -267,18 +307,12 @@ mod tests {
         assert_eq!(classify(&server(1317)), ErrorClass::Database);
         assert_eq!(classify(&server(1927)), ErrorClass::Fatal);
         assert_eq!(classify(&server(4031)), ErrorClass::Fatal);
+        assert_eq!(classify(&Error::Broken), ErrorClass::Fatal);
+        assert_eq!(classify(&Error::Protocol("x".into())), ErrorClass::Fatal);
         assert_eq!(
-            classify(&Error::Driver(DriverError::ConnectionClosed)),
+            classify(&Error::Io(std::io::ErrorKind::UnexpectedEof.into())),
             ErrorClass::Fatal
         );
-        assert_eq!(
-            classify(&Error::Driver(DriverError::StmtParamsMismatch {
-                required: 1,
-                supplied: 2
-            })),
-            ErrorClass::Fatal,
-            "the driver closed its connection"
-        );
-        assert_eq!(classify(&Error::Driver(DriverError::MixedParams)), ErrorClass::Rejected);
+        assert_eq!(classify(&Error::Refused("x".into())), ErrorClass::Rejected);
     }
 }
