@@ -121,6 +121,8 @@ pub struct PipelineMetrics {
     pub prefetched: Counter,
     /// Of those, requests taken back before they ran and queued again.
     pub reclaimed: Counter,
+    /// Requests a pipelining worker sent to its database behind an unanswered one (STARTED).
+    pub started: Counter,
 }
 
 fn register_pipeline_metrics(registry: &mut Registry) -> PipelineMetrics {
@@ -148,11 +150,18 @@ fn register_pipeline_metrics(registry: &mut Registry) -> PipelineMetrics {
         "Prefetched requests taken back before they ran (slow statement ahead, retarget) and queued again",
         reclaimed.clone(),
     );
+    let started = Counter::default();
+    registry.register(
+        "pipeline_started",
+        "Requests a worker sent to its database behind an unanswered one (MySQL protocol pipelining, STARTED)",
+        started.clone(),
+    );
     PipelineMetrics {
         ahead,
         depth,
         prefetched,
         reclaimed,
+        started,
     }
 }
 

@@ -394,6 +394,7 @@ impl Relay {
         let a = &mut self.ahead[i];
         if frame.kind == Kind::Started {
             a.started = true;
+            self.ctx.metrics.pipeline.started.inc();
             return Ok(());
         }
         if matches!(a.state, AheadState::Waiting(..)) || a.started {
@@ -753,14 +754,16 @@ impl Relay {
         self.last_wstream
     }
 
-    /// Writes the job's REQUEST to the worker on `wstream`. On a failure the job is given
-    /// back (it never ran) and the link ends.
+    /// Queues the job's REQUEST for the worker on `wstream`; [`Relay::top_up`] writes it
+    /// with the ones it adds behind, in one write, so that the worker reads them together
+    /// (and may pipeline them). On a failure the job is given back (it never ran) and the
+    /// link ends.
     async fn write_request(&mut self, job: Job, wstream: u32) -> Result<Job, &'static str> {
         let frame = job.frame.clone().with_stream(wstream);
         // Bounded by the worker's liveness, not by the request's deadline: a large
         // REQUEST with a short timeout is a timeout (handled by the loop), not a
         // dead worker.
-        let sent = timeout(self.ctx.keepalive_timeout(), self.writer.send(frame)).await;
+        let sent = timeout(self.ctx.keepalive_timeout(), self.writer.feed(frame)).await;
         if !matches!(sent, Ok(Ok(()))) {
             // It may be mid-way into the socket, but a worker reads a REQUEST
             // whole before it acts: the link closes now, so it never ran.
@@ -886,7 +889,17 @@ impl Relay {
     /// socket when it ends the one it runs. Nothing goes behind a request that is being
     /// cancelled, has run for `pool.pipeline_hold_ms`, or whose digest ran slow lately,
     /// nor behind one taken back.
+    /// Ends with the flush of everything queued for the worker (the current request's
+    /// REQUEST included).
     async fn top_up(&mut self, current: &Option<Current>) -> Result<(), &'static str> {
+        let added = self.add_behind(current).await;
+        // A failure here leaves requests half written: the link ends, and what the worker
+        // may have read is settled as for any lost worker.
+        self.flush().await?;
+        added
+    }
+
+    async fn add_behind(&mut self, current: &Option<Current>) -> Result<(), &'static str> {
         let Some(cur) = current else { return Ok(()) };
         if self.depth <= 1 || cur.cancel_sent || cur.reclaimed || cur.started.elapsed() >= self.hold {
             return Ok(());

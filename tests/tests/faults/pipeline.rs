@@ -344,3 +344,75 @@ async fn a_client_that_stops_reading_does_not_hold_the_requests_written_behind_i
     drop(stuck);
     assert_closed_loop(&c, &[&client], 2).await;
 }
+
+/// kill -9 of a worker that pipelined statements on its session (STARTED): the one it
+/// ran and the ones it had sent to the database behind it end with WORKER_LOST
+/// (dispatched: they may have run); those it had not been given complete on the fresh
+/// worker without an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_with_statements_pipelined_loses_what_it_sent_and_nothing_else() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\npipeline_depth = 4\npipeline_hold_ms = 60000\nmax_per_connection = 0\n").await;
+    let d = &c.dispatcher;
+    let client = Arc::new(d.client().await.unwrap());
+    // The worker learns both texts as fast (it pipelines only behind those) and caches
+    // their prepared statements.
+    const FAST: [&str; 3] = ["SELECT ? + 0 AS v1", "SELECT ? + 0 AS v2", "SELECT ? + 0 AS v3"];
+    for i in 0..3 {
+        client.query("SELECT SLEEP(?)", &[Value::Int(0)]).await.unwrap();
+        for sql in FAST {
+            client.query(sql, &[Value::Int(i)]).await.unwrap();
+        }
+    }
+    let spawn = |sql: &'static str, v: Value| {
+        let client = client.clone();
+        tokio::spawn(async move { client.query(sql, &[v]).await })
+    };
+    // Busy with a statement it does not know (nothing goes behind it), while the next
+    // ones queue: a sleeper with a known-fast text, three fast ones, and two more.
+    let blocker = spawn("SELECT SLEEP(0.5), ? AS b", Value::Int(0));
+    wait_pipeline(d, 1, Duration::from_secs(5)).await;
+    let sleeper = spawn("SELECT SLEEP(?)", Value::Int(30));
+    wait_for(Duration::from_secs(5), "the sleeper queued", || async {
+        let s = d.status().await.ok()?;
+        (s["pool"]["queue_depth"].as_u64()? >= 1).then_some(())
+    })
+    .await
+    .expect("queued");
+    let behind: Vec<_> = FAST.iter().map(|sql| spawn(sql, Value::Int(1))).collect();
+    wait_for(Duration::from_secs(5), "the three queued", || async {
+        let s = d.status().await.ok()?;
+        (s["pool"]["queue_depth"].as_u64()? >= 4).then_some(())
+    })
+    .await
+    .expect("queued");
+    let later: Vec<_> = (10..=11i64)
+        .map(|i| spawn("SELECT ? + 0 AS v", Value::Int(i)))
+        .collect();
+    assert!(blocker.await.unwrap().is_ok());
+    // The sleeper runs; the worker has sent the three behind it to the database.
+    wait_for(Duration::from_secs(5), "three statements pipelined", || async {
+        (metric(d, "osprey_pipeline_started_total").await >= 3.0).then_some(())
+    })
+    .await
+    .expect("pipelined");
+    let pid = slots(d).await[0].pid.expect("worker pid");
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
+
+    let err = sleeper.await.unwrap().expect_err("the running statement");
+    assert_eq!(err.code(), ErrorCode::WorkerLost, "{}", describe(&err));
+    assert!(err.dispatched(), "{}", describe(&err));
+    for (i, b) in behind.into_iter().enumerate() {
+        let err = b.await.unwrap().expect_err("a statement the worker had sent");
+        assert_eq!(err.code(), ErrorCode::WorkerLost, "pipelined {i}: {}", describe(&err));
+        assert!(err.dispatched(), "pipelined {i}: it may have run: {}", describe(&err));
+    }
+    for (i, l) in later.into_iter().enumerate() {
+        let r = l
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("a request never sent {i}: {}", describe(&e)));
+        assert_eq!(r.rows()[0].get::<i64>(0).unwrap(), 10 + i as i64);
+    }
+    assert_closed_loop(&c, &[&client], 1).await;
+}
