@@ -90,6 +90,8 @@ pub struct Executor {
     to_prepare: Option<std::sync::Arc<str>>,
     /// Which texts are known to run fast (nothing is pipelined behind the others).
     speeds: pipeline::Speeds,
+    /// Statements may be pipelined (the dispatcher knows `STARTED`).
+    pipelining: bool,
 }
 
 impl Executor {
@@ -114,7 +116,15 @@ impl Executor {
             session_gtid: None,
             to_prepare: None,
             speeds: pipeline::Speeds::default(),
+            pipelining: true,
         }
+    }
+
+    /// Whether statements may be pipelined on the session: only for a dispatcher of
+    /// protocol 1.4 or later, which knows `STARTED`.
+    pub fn with_pipelining(mut self, on: bool) -> Executor {
+        self.pipelining = on;
+        self
     }
 
     /// Closes the session cleanly.

@@ -180,10 +180,24 @@ async fn run(args: Args, secret: String, started: Instant) -> i32 {
         }
     };
     let mut link = Link::new(reader, tracker.clone(), keepalive, keepalive * 3);
-    match serve(settings, &mut link, &out, tracker, started, keepalive, max_payload).await {
+    let terms = Terms {
+        keepalive,
+        max_payload,
+        // STARTED, which pipelining needs, is a 1.4 frame.
+        pipelining: reg.ack.version_minor >= 4,
+    };
+    match serve(settings, &mut link, &out, tracker, started, terms).await {
         Ok(code) => code,
         Err(end) => end.exit_code(),
     }
+}
+
+/// What the dispatcher's `HELLO_ACK` settled for the link.
+struct Terms {
+    keepalive: Duration,
+    max_payload: usize,
+    /// The dispatcher speaks 1.4 or later: statements may be pipelined (`STARTED`).
+    pipelining: bool,
 }
 
 async fn serve(
@@ -192,9 +206,13 @@ async fn serve(
     out: &LinkOut,
     tracker: Tracker,
     started: Instant,
-    keepalive: Duration,
-    max_payload: usize,
+    terms: Terms,
 ) -> Result<i32, LinkEnd> {
+    let Terms {
+        keepalive,
+        max_payload,
+        pipelining,
+    } = terms;
     let backend = &settings.backend;
     let connect_timeout = Duration::from_millis(settings.connect_timeout_ms.max(1));
     let opened = async {
@@ -272,7 +290,8 @@ async fn serve(
         settings.session_reset,
         max_packet,
         track_gtid,
-    );
+    )
+    .with_pipelining(pipelining);
     let mut recycler = Recycler::new(settings.max_requests, settings.max_age_ms, started);
     let idle_check = keepalive.max(MIN_IDLE_CHECK);
     let mut last_db_use = Instant::now();

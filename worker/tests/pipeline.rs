@@ -485,3 +485,30 @@ async fn nothing_waits_behind_a_statement_not_known_fast() {
         p.started
     );
 }
+
+/// A dispatcher older than protocol 1.4 knows no `STARTED`: its worker runs the same
+/// queued requests one after the other, sending none.
+#[tokio::test]
+async fn no_pipelining_for_a_dispatcher_before_1_4() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let mut old = ack(settings(&sandbox));
+    old.version_minor = 3;
+    let (mut w, _ready) = start_worker_with(old).await;
+    let reqs = vec![
+        (10, Request::sql("SELECT 10")),
+        (11, Request::sql("SELECT 11")),
+        (12, Request::sql("SELECT 12")),
+    ];
+    // Known fast, as in the pipelined tests.
+    for (i, (_, req)) in reqs.iter().enumerate() {
+        w.request(1 + i as u32, req).await;
+    }
+    w.send_all(&reqs).await;
+    let streams: Vec<u32> = reqs.iter().map(|(s, _)| *s).collect();
+    let p = w.collect(&streams).await;
+    assert_eq!(p.end_order, streams, "answered in order");
+    assert!(p.started.is_empty(), "STARTED to a 1.3 dispatcher: {:?}", p.started);
+    for (s, _) in &reqs {
+        assert_eq!(p.responses[s].rows[0], vec![vec![Value::Int(*s as i64)]]);
+    }
+}

@@ -6,7 +6,7 @@
 //! # Rules
 //!
 //! Only independent single statements share a pipeline. A request joins one only if:
-//! - the server is MariaDB;
+//! - the server is MariaDB, and the dispatcher speaks protocol 1.4 or later (`STARTED`);
 //! - it is a single statement (no batch), that passed every check ([`Executor::inspect`]);
 //! - the session scan says it leaves no session state (`touches_session_state`), and
 //!   `session_reset` is not `always`; it may not report its commit's GTID out of sight
@@ -111,7 +111,8 @@ struct Slot {
 impl Executor {
     /// Whether `c` may share a pipeline (the rules of the module that need no session).
     pub(super) fn may_pipeline(&self, c: &Checked) -> bool {
-        self.mariadb
+        self.pipelining
+            && self.mariadb
             && c.request.batch.is_empty()
             && !c.leaves_state
             && (c.request.timeout_ms == 0 || c.server_timeout.is_some())

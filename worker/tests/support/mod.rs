@@ -48,7 +48,7 @@ pub fn settings(sandbox: &Sandbox) -> WorkerSettings {
 pub fn ack(worker: WorkerSettings) -> HelloAck {
     HelloAck {
         version_major: PROTOCOL_MAJOR,
-        version_minor: 0,
+        version_minor: osprey_protocol::PROTOCOL_MINOR,
         server: "test-dispatcher".into(),
         connection_id: 1,
         max_payload: 16 * 1024 * 1024,
