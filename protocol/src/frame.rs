@@ -198,6 +198,12 @@ pub(crate) struct RawHeader {
     pub stream: u32,
 }
 
+/// Whether `buf` starts with a whole frame (header and payload): a reader holding it
+/// gets its next frame without a read.
+pub fn frame_buffered(buf: &[u8]) -> bool {
+    buf.len() >= HEADER_LEN && buf.len() - HEADER_LEN >= peek_header(&buf[..HEADER_LEN]).len
+}
+
 pub(crate) fn peek_header(mut src: &[u8]) -> RawHeader {
     let len = src.get_u32() as usize;
     let kind = src.get_u8();

@@ -16,7 +16,7 @@ pub mod value;
 pub use body::*;
 pub use codec::FrameCodec;
 pub use error::{ErrorCode, Origin, ProtocolError};
-pub use frame::{Frame, Kind, DEFAULT_MAX_PAYLOAD, HEADER_LEN, MAX_BODY_DEPTH};
+pub use frame::{frame_buffered, Frame, Kind, DEFAULT_MAX_PAYLOAD, HEADER_LEN, MAX_BODY_DEPTH};
 pub use gtid::{Gtid, GtidError, GtidPos};
 pub use value::Value;
 

@@ -183,6 +183,10 @@ pub struct Relay {
     stash: VecDeque<Frame>,
     stash_bytes: usize,
     stash_ended: bool,
+    /// Frames queued for the worker and not flushed yet: while the worker's frames are at
+    /// hand (buffered whole), the requests written at their ENDs go out together, in one
+    /// write (see [`Relay::flush_soon`]).
+    unflushed: bool,
 }
 
 impl Relay {
@@ -224,6 +228,7 @@ impl Relay {
             stash: VecDeque::new(),
             stash_bytes: 0,
             stash_ended: false,
+            unflushed: false,
         }
     }
 
@@ -458,6 +463,10 @@ impl Relay {
                 }
                 self.on_frame(frame, current, drain, &mut quit_sent).await?;
                 continue;
+            }
+            if self.unflushed && !self.frame_at_hand() {
+                // About to wait: whatever was queued for the worker goes out first.
+                self.flush().await?;
             }
             let busy = current.is_some() || drain.is_some();
             let deadline = match (&*current, &*drain) {
@@ -895,8 +904,27 @@ impl Relay {
         let added = self.add_behind(current).await;
         // A failure here leaves requests half written: the link ends, and what the worker
         // may have read is settled as for any lost worker.
-        self.flush().await?;
+        self.flush_soon().await?;
         added
+    }
+
+    /// Whether the worker's next frame is at hand without a read (stashed, or buffered
+    /// whole).
+    fn frame_at_hand(&self) -> bool {
+        !self.stash.is_empty() || osprey_protocol::frame_buffered(self.reader.read_buffer())
+    }
+
+    /// Flushes what is queued for the worker now, or, while its next frame is at hand,
+    /// once the relay has acted on the frames at hand (before the serving loop or a wait
+    /// on a client blocks): the requests written at several ENDs the worker sent together
+    /// then reach it in one write. A worker never waits for it: it has sent those frames
+    /// already and is not idle until it reads the requests.
+    async fn flush_soon(&mut self) -> Result<(), &'static str> {
+        if self.frame_at_hand() {
+            self.unflushed = true;
+            return Ok(());
+        }
+        self.flush().await
     }
 
     async fn add_behind(&mut self, current: &Option<Current>) -> Result<(), &'static str> {
@@ -1107,7 +1135,17 @@ impl Relay {
     async fn forward(&mut self, guard: &mut StreamGuard, frame: Frame) -> Result<bool, &'static str> {
         let forward = guard.forward(frame);
         tokio::pin!(forward);
+        if let Poll::Ready(alive) = futures::poll!(&mut forward) {
+            return Ok(alive);
+        }
         let mut link_error = None;
+        if self.unflushed {
+            // The worker must not wait on the client with us. A failure is reported once
+            // the frame is delivered, as any other of the link meanwhile.
+            if let Err(why) = self.flush().await {
+                link_error = Some(why);
+            }
+        }
         let give_back_at = later(TokioInstant::now(), self.hold);
         let alive = loop {
             tokio::select! {
@@ -1171,6 +1209,10 @@ impl Relay {
         tokio::pin!(work);
         if let Poll::Ready(v) = futures::poll!(&mut work) {
             return Ok(v);
+        }
+        if self.unflushed {
+            // The worker must not wait on the client with us.
+            self.flush().await.map_err(GiveUp::Link)?;
         }
         let ctx = self.ctx.clone();
         let expired = sleep_until(deadline);
@@ -1364,7 +1406,10 @@ impl Relay {
 
     async fn flush(&mut self) -> Result<(), &'static str> {
         match timeout(self.ctx.keepalive_timeout(), SinkExt::<Frame>::flush(&mut self.writer)).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => {
+                self.unflushed = false;
+                Ok(())
+            }
             Ok(Err(_)) => Err(WORKER_CLOSED),
             Err(_) => Err("worker does not read"),
         }
@@ -1374,7 +1419,10 @@ impl Relay {
     /// within keepalive_timeout is hung.
     async fn write(&mut self, frame: Frame) -> Result<(), &'static str> {
         match timeout(self.ctx.keepalive_timeout(), self.writer.send(frame)).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => {
+                self.unflushed = false;
+                Ok(())
+            }
             // The worker closed its end: it is exiting; let it (exit status kept).
             Ok(Err(_)) => Err(WORKER_CLOSED),
             Err(_) => Err("worker does not read"),
