@@ -109,6 +109,15 @@ impl PacketIo {
         self.rbuf.len()
     }
 
+    /// Whether the read buffer holds the next chunk whole (at a packet boundary: the
+    /// next packet's first chunk): reading it needs no `recv`.
+    pub(crate) fn chunk_buffered(&self) -> bool {
+        self.rbuf.len() >= 4 && {
+            let len = usize::from(self.rbuf[0]) | usize::from(self.rbuf[1]) << 8 | usize::from(self.rbuf[2]) << 16;
+            self.rbuf.len() >= 4 + len
+        }
+    }
+
     /// Queues one packet starting with sequence id `seq`, split into chunks as needed;
     /// returns the sequence id after it (the one the reply starts with).
     pub(crate) fn queue_packet(&mut self, seq: u8, mut payload: &[u8]) -> Result<u8> {

@@ -217,6 +217,13 @@ impl Session {
         self.pending.len()
     }
 
+    /// Whether the next packet of a response is already read from the socket whole, so
+    /// that [`Session::next_event`] gets it without waiting: a caller with answers of its
+    /// own to send may hold them until it would wait.
+    pub fn packet_buffered(&self) -> bool {
+        self.io.chunk_buffered()
+    }
+
     /// An earlier fatal error broke the session.
     pub fn is_broken(&self) -> bool {
         self.broken

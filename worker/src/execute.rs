@@ -17,11 +17,7 @@ use crate::cancel::{StopReason, Tracker};
 use crate::convert::{self, ColumnKind};
 use crate::link::{LinkGone, LinkOut, Queue};
 use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
-use osprey_sql::{
-    controls_session, ends_sessions, is_plain_select, loads_local_file, placeholders, placeholders_depend_on_server,
-    touches_session_state,
-};
-
+mod facts;
 mod pipeline;
 
 /// Room left in a frame for everything around the row values.
@@ -90,6 +86,10 @@ pub struct Executor {
     to_prepare: Option<std::sync::Arc<str>>,
     /// Which texts are known to run fast (nothing is pipelined behind the others).
     speeds: pipeline::Speeds,
+    /// What the texts seen lately are ([`facts`]).
+    known: facts::Known,
+    /// Requests the next pipeline may hold at most (the worker's `max_requests` budget).
+    pipeline_limit: Option<u64>,
     /// Statements may be pipelined (the dispatcher knows `STARTED`).
     pipelining: bool,
 }
@@ -116,6 +116,8 @@ impl Executor {
             session_gtid: None,
             to_prepare: None,
             speeds: pipeline::Speeds::default(),
+            known: facts::Known::default(),
+            pipeline_limit: None,
             pipelining: true,
         }
     }
@@ -125,6 +127,12 @@ impl Executor {
     pub fn with_pipelining(mut self, on: bool) -> Executor {
         self.pipelining = on;
         self
+    }
+
+    /// The next [`Executor::serve`] answers at most `limit` requests (`None`: no limit):
+    /// the requests this worker may still serve before it asks to retire.
+    pub fn limit_pipeline(&mut self, limit: Option<u64>) {
+        self.pipeline_limit = limit;
     }
 
     /// Closes the session cleanly.
@@ -168,18 +176,16 @@ impl Executor {
         request
             .validate()
             .map_err(|why| refuse(ErrorCode::InvalidRequest, why))?;
-        let controls_session = if request.batch.is_empty() {
-            controls_session(&request.sql)
+        // One statement, or each of a batch: its text's facts (kept per text).
+        let texts: Vec<std::rc::Rc<facts::Facts>> = if request.batch.is_empty() {
+            vec![self.known.of(&request.sql)]
         } else {
-            request.batch.iter().any(|st| controls_session(&st.sql))
+            request.batch.iter().map(|st| self.known.of(&st.sql)).collect()
         };
+        let controls_session = texts.iter().any(|f| f.controls_session);
         // Statement-level pooling: the next request may come from another client.
-        let leaves_state = self.reset == SessionReset::Always
-            || if request.batch.is_empty() {
-                touches_session_state(&request.sql)
-            } else {
-                request.batch.iter().any(|st| touches_session_state(&st.sql))
-            };
+        let leaves_state = self.reset == SessionReset::Always || texts.iter().any(|f| f.touches_state);
+        let out_of_sight = texts.iter().any(|f| f.out_of_sight);
         if controls_session {
             return Err(refuse(
                 ErrorCode::InvalidRequest,
@@ -192,7 +198,7 @@ impl Executor {
         // Timeout: on MariaDB a single plain SELECT is bounded by the server itself;
         // anything else by a timer that sends KILL QUERY.
         let server_timeout =
-            (request.timeout_ms > 0 && self.mariadb && request.batch.is_empty() && is_plain_select(&request.sql))
+            (request.timeout_ms > 0 && self.mariadb && request.batch.is_empty() && texts[0].plain_select)
                 .then_some(request.timeout_ms);
         let sql = match server_timeout {
             Some(ms) => format!(
@@ -203,11 +209,24 @@ impl Executor {
             None => request.sql.clone(),
         };
         let checked = if request.batch.is_empty() {
-            preflight(&sql, &request.params, self.max_packet)
+            // As sent: with the server-side timeout's prefix, if any (not kept: each
+            // timeout makes another text).
+            let facts = if server_timeout.is_some() {
+                std::rc::Rc::new(facts::Facts::scan(&sql))
+            } else {
+                texts[0].clone()
+            };
+            preflight(&facts, &sql, &request.params, self.max_packet)
         } else {
-            request.batch.iter().enumerate().try_for_each(|(i, st)| {
-                preflight(&st.sql, &st.params, self.max_packet).map_err(|e| format!("batch statement {i}: {e}"))
-            })
+            request
+                .batch
+                .iter()
+                .zip(&texts)
+                .enumerate()
+                .try_for_each(|(i, (st, facts))| {
+                    preflight(facts, &st.sql, &st.params, self.max_packet)
+                        .map_err(|e| format!("batch statement {i}: {e}"))
+                })
         };
         checked.map_err(|why| refuse(ErrorCode::InvalidRequest, why))?;
         if self.dead {
@@ -225,6 +244,7 @@ impl Executor {
             sql: sql.into(),
             server_timeout,
             leaves_state,
+            out_of_sight,
         })
     }
 
@@ -256,6 +276,7 @@ impl Executor {
             sql: single_sql,
             server_timeout,
             leaves_state,
+            out_of_sight,
         } = checked;
         let mut out = Emitter::new(link, stream, self.limits);
         if let Err(reason) = self.tracker.start(stream) {
@@ -305,7 +326,7 @@ impl Executor {
         }
         // Waits for a KILL QUERY in flight, so it cannot hit the clean-up below.
         let settled = self.tracker.finish(stream).await;
-        if self.track_gtid && settled && result.is_ok() && commits_out_of_sight(&request) {
+        if self.track_gtid && settled && result.is_ok() && out_of_sight {
             self.ask_last_gtid(&mut acc).await;
         }
         let fatal = is_fatal(&result);
@@ -402,10 +423,12 @@ pub(crate) struct Checked {
     pub(crate) server_timeout: Option<u64>,
     /// The request may leave session state behind (or `session_reset = always`).
     pub(crate) leaves_state: bool,
+    /// It may commit a GTID out of the OK packets' sight ([`text_commits_out_of_sight`]).
+    pub(crate) out_of_sight: bool,
 }
 
 impl Executor {
-    /// The fallback for [`commits_out_of_sight`]: reads `@@last_gtid` and takes it in if
+    /// The fallback for [`text_commits_out_of_sight`]: reads `@@last_gtid` and takes it in if
     /// it is not what the session already had before (then this request committed it).
     async fn ask_last_gtid(&mut self, acc: &mut Summary) {
         let now = session::query_rows(&mut self.conn, "SELECT @@last_gtid")
@@ -425,27 +448,30 @@ impl Executor {
     }
 }
 
-/// Whether a commit of the request may report its GTID where the OK packets do not show
-/// it (a procedure or compound statement that commits inside: the server may report the
-/// variable change on a packet it sends before, or not at all). `CALL`, `EXECUTE` and
-/// compound statements; their requests pay a session reset anyway.
+/// [`text_commits_out_of_sight`] for any statement of a request.
+#[cfg(test)]
 fn commits_out_of_sight(request: &Request) -> bool {
-    let texts: Vec<&str> = if request.batch.is_empty() {
-        vec![&request.sql]
+    if request.batch.is_empty() {
+        text_commits_out_of_sight(&request.sql)
     } else {
-        request.batch.iter().map(|s| s.sql.as_str()).collect()
-    };
-    texts.into_iter().any(|sql| {
-        let code = osprey_sql::code_text(sql);
-        let found = osprey_sql::top_level_statements(&code).any(|st| {
-            let first = st.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
-            matches!(
-                first.as_str(),
-                "call" | "execute" | "begin" | "if" | "case" | "loop" | "while" | "repeat"
-            )
-        });
-        found
-    })
+        request.batch.iter().any(|s| text_commits_out_of_sight(&s.sql))
+    }
+}
+
+/// Whether a commit of the statement may report its GTID where the OK packets do not
+/// show it (a procedure or compound statement that commits inside: the server may report
+/// the variable change on a packet it sends before, or not at all). `CALL`, `EXECUTE` and
+/// compound statements; their requests pay a session reset anyway.
+fn text_commits_out_of_sight(sql: &str) -> bool {
+    let code = osprey_sql::code_text(sql);
+    let found = osprey_sql::top_level_statements(&code).any(|st| {
+        let first = st.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+        matches!(
+            first.as_str(),
+            "call" | "execute" | "begin" | "if" | "case" | "loop" | "while" | "repeat"
+        )
+    });
+    found
 }
 
 /// The next request may come from another client: never hand it an open
@@ -642,53 +668,8 @@ async fn send_statement(conn: &mut Session, sql: &str, params: &[Value]) -> Resu
 
 /// Checks one statement against what the worker does not support, or the server would
 /// answer by closing the session, before it is sent. `Err` is an `INVALID_REQUEST` message.
-fn preflight(sql: &str, params: &[Value], max_packet: usize) -> Result<(), String> {
-    // The worker has no files to give (osprey-wire answers a request the scan misses
-    // with an empty file, which breaks the session if statements are pipelined behind it).
-    if loads_local_file(sql) {
-        return Err(
-            "LOAD DATA/XML LOCAL INFILE is not supported: the worker has no client files to send \
-             (LOAD DATA INFILE without LOCAL reads files on the database server)"
-                .into(),
-        );
-    }
-    // Every session of the pool belongs to one database user, who may kill any of them:
-    // one KILL would take a worker down (and its own id, this one).
-    if ends_sessions(sql) {
-        return Err(
-            "KILL CONNECTION / KILL USER is not supported: the pool's database sessions are Osprey's \
-             (KILL QUERY is; to stop a request of your own, cancel it)"
-                .into(),
-        );
-    }
-    // Only where the text alone decides the count: otherwise the server's own count does
-    // (the prepared statement's, checked in `run_statement`; without params the text goes
-    // as it is, and a `?` the server does see is its syntax error, which keeps the session).
-    let markers = placeholders(sql);
-    if markers != params.len() && !placeholders_depend_on_server(sql) {
-        return Err(format!(
-            "the statement has {markers} parameter markers (?) but {} parameters were sent",
-            params.len()
-        ));
-    }
-    if !params.is_empty() {
-        // Kept from the mysql_async days (which rewrote `:name` into a named parameter):
-        // clients were told `:name` is refused next to `?` markers, and still are.
-        match mysql_common::named_params::ParsedNamedParams::parse(sql.as_bytes()) {
-            Ok(parsed) if parsed.params().is_empty() => {}
-            Ok(parsed) => {
-                return Err(format!(
-                    "`:{}` in a statement with parameters would be taken as a named parameter; only \
-                     positional ? markers are supported (write `: {}` with a space if it is not a parameter)",
-                    String::from_utf8_lossy(&parsed.params()[0]),
-                    String::from_utf8_lossy(&parsed.params()[0]),
-                ));
-            }
-            Err(_) => {
-                return Err("the statement mixes ? markers with `:name` (named parameters are not supported)".into())
-            }
-        }
-    }
+fn preflight(facts: &facts::Facts, sql: &str, params: &[Value], max_packet: usize) -> Result<(), String> {
+    facts.check_params(params.len())?;
     let packet = packet_size(sql, params);
     if packet >= max_packet {
         return Err(format!(
@@ -719,6 +700,11 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
     // The current result set's column kinds (`None`: a result without rows).
     let mut kinds: Option<Vec<ColumnKind>> = None;
     loop {
+        if !conn.packet_buffered() {
+            // About to wait on the database: what is queued for the dispatcher (a
+            // pipelined neighbour's END, this result's COLUMNS) goes out first.
+            out.link.flush().await?;
+        }
         match conn.next_event().await? {
             DbEvent::Columns(columns) => {
                 kinds = Some(columns.iter().map(ColumnKind::of).collect());
@@ -842,6 +828,12 @@ pub(crate) struct Emitter<'o> {
     /// Result sets and rows are dropped, not sent (a pipelined statement cancelled before
     /// it ran: its result is read from the session, and thrown away).
     discarding: bool,
+    /// `END` is queued, not flushed: a pipelined statement's answer with another behind
+    /// it, whose own end (or a wait on the database, [`stream_results`]) flushes both in
+    /// one write. That check is a heuristic (it sees the next packet's first chunk only);
+    /// what guarantees nothing stays held while the worker waits is `Link::drive`, under
+    /// which every `serve` runs: it flushes whatever is pending whenever the work waits.
+    hold_end: bool,
 }
 
 impl<'o> Emitter<'o> {
@@ -855,6 +847,7 @@ impl<'o> Emitter<'o> {
             bytes: 0,
             sent_rows: 0,
             discarding: false,
+            hold_end: false,
         }
     }
 
@@ -920,7 +913,11 @@ impl<'o> Emitter<'o> {
     }
 
     async fn end(&mut self, end: &End) -> Result<(), LinkGone> {
-        self.link.send(&Frame::new(Kind::End, self.stream, end)).await
+        self.link.push(&Frame::new(Kind::End, self.stream, end));
+        if self.hold_end {
+            return Ok(());
+        }
+        self.link.flush().await
     }
 
     async fn fail(&mut self, body: ErrorBody) -> Result<(), LinkGone> {

@@ -181,7 +181,9 @@ pub fn split_registered(
 /// Shared by reference between the executor and the link reader (both run in the one
 /// serving future, so no lock); a `RefCell` borrow is never held across an `.await`.
 /// Memory stays bounded: the executor flushes (and so waits for the dispatcher to read)
-/// after every `ROWS` batch; the reader adds only small `PONG`s.
+/// after every full `ROWS` batch, and holds at most the answers of one pipeline (≤ 16
+/// statements' last batch and `END`) while their results are at hand; the reader adds
+/// only small `PONG`s.
 pub struct LinkOut {
     sock: Sock,
     buf: RefCell<BytesMut>,

@@ -307,6 +307,7 @@ async fn serve(
         match link.next(out).await? {
             Wake::Event(Event::Request(frame)) => {
                 let queue = link.queue();
+                exec.limit_pipeline(recycler.remaining());
                 let (outcome, answered) = link.drive(out, exec.serve(frame, &queue, out)).await??;
                 last_db_use = Instant::now();
                 for _ in 0..answered {

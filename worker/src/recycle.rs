@@ -40,6 +40,12 @@ impl Recycler {
         now.saturating_duration_since(self.started)
     }
 
+    /// Requests this worker may still serve before `max_requests` (`None`: no limit), at
+    /// least 1: a pipeline goes no further, so that the worker asks to retire on time.
+    pub fn remaining(&self) -> Option<u64> {
+        (self.max_requests > 0).then(|| self.max_requests.saturating_sub(self.served).max(1))
+    }
+
     /// The reason to retire now (`"max_requests"` or `"max_age"`), if one applies and
     /// `QUIT_REQUEST` was not sent yet.
     pub fn due(&self, now: Instant) -> Option<&'static str> {

@@ -10,7 +10,7 @@
 //! - it is a single statement (no batch), that passed every check ([`Executor::inspect`]);
 //! - the session scan says it leaves no session state (`touches_session_state`), and
 //!   `session_reset` is not `always`; it may not report its commit's GTID out of sight
-//!   (`CALL`, `EXECUTE`, compound statements: [`super::commits_out_of_sight`]);
+//!   (`CALL`, `EXECUTE`, compound statements: [`super::text_commits_out_of_sight`]);
 //! - with parameters, only when its prepared statement is already cached (a prepare is
 //!   a round trip, which needs the pipeline empty: such a request runs at its turn, and
 //!   prepares, as the first of a new pipeline or alone);
@@ -33,7 +33,9 @@
 //! The first request that does not qualify is a barrier: nothing is written past it; it
 //! runs alone once everything written is answered. At most the requests the link has
 //! queued are written (the dispatcher bounds them by `pipeline_depth`), and never more
-//! than [`osprey_protocol::MAX_PIPELINE_DEPTH`] behind the running one. Statements are
+//! than [`osprey_protocol::MAX_PIPELINE_DEPTH`] behind the running one, nor more than the
+//! worker may still serve before `max_requests` (it asks to retire on time, so that a
+//! worker life stays within `max_requests + pipeline_depth`). Statements are
 //! added only when a result has just ended, never behind one that is still running.
 //!
 //! Before a statement is written behind an unanswered one, `STARTED` goes to the
@@ -68,8 +70,8 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::{
-    answer, commits_out_of_sight, is_fatal, reset_session, send_statement, stop_code, stream_results, Checked, Emitter,
-    ExecError, Executor, Outcome, Summary,
+    answer, is_fatal, reset_session, send_statement, stop_code, stream_results, Checked, Emitter, ExecError, Executor,
+    Outcome, Summary,
 };
 use crate::link::{LinkGone, LinkOut, Queue};
 
@@ -116,7 +118,7 @@ impl Executor {
             && c.request.batch.is_empty()
             && !c.leaves_state
             && (c.request.timeout_ms == 0 || c.server_timeout.is_some())
-            && !commits_out_of_sight(&c.request)
+            && !c.out_of_sight
     }
 
     /// Runs `head` and, pipelined behind it, the requests queued after it that qualify.
@@ -154,10 +156,15 @@ impl Executor {
             let stream = slot.checked.stream;
             let stopped_before = self.tracker.advance(stream, slot.checked.sql.clone());
             if taint_at.is_none() && lost.is_none() && slot.unsent.is_none() && stopped_before.is_none() {
-                self.fill(&slot.checked, &mut slots, queue, link).await?;
+                // This one and those behind it are answered in this pipeline.
+                let limit = self.pipeline_limit.map(|l| l.saturating_sub(answered));
+                self.fill(&slot.checked, &mut slots, queue, link, limit).await?;
             }
             let mut out = Emitter::new(link, stream, self.limits);
             out.discarding = stopped_before.is_some();
+            // With a statement behind it, its END goes out with that one's answer (or as
+            // soon as the worker would wait on the database): one write for several.
+            out.hold_end = !slots.is_empty();
             let started = Instant::now();
             let mut acc = Summary::default();
             let result = match (slot.unsent, &lost) {
@@ -167,6 +174,10 @@ impl Executor {
             };
             let elapsed = started.elapsed().as_micros() as u64;
             let stop = self.tracker.reason(stream);
+            if stop.is_some() || stopped_before.is_some() {
+                // Its KILL may take a moment to settle: answers held meanwhile go now.
+                link.flush().await?;
+            }
             if !matches!(result, Err(ExecError::Link(_)) | Err(ExecError::Lost(_))) {
                 self.speeds.note(
                     &slot.checked.request.sql,
@@ -214,6 +225,7 @@ impl Executor {
             if result.is_err() && slots.is_empty() {
                 // Nothing behind it shows the session's state: roll back as a lone
                 // request is, before answering.
+                link.flush().await?;
                 if let Err(e) = reset_session(&mut self.conn, true).await {
                     let why = format!("the request failed, and resetting the session afterwards failed: {e}");
                     answer(&mut out, Err(ExecError::Lost(why)), stop, false, &acc, elapsed).await?;
@@ -226,6 +238,7 @@ impl Executor {
             return Ok((Outcome::Fatal, answered));
         }
         if taint_at.is_some() {
+            link.flush().await?;
             let rolled_back = reset_session(&mut self.conn, true).await;
             for (stream, acc, elapsed, sent_rows) in tainted {
                 let mut out = Emitter::new(link, stream, self.limits);
@@ -251,30 +264,55 @@ impl Executor {
     }
 
     /// Writes behind `running` the queued requests that qualify, until the first that
-    /// does not (or the bound).
+    /// does not (or the bound). Their `STARTED`s go to the dispatcher in one write, before
+    /// the statements (queued in the session's buffer) reach the database.
     async fn fill(
         &mut self,
         running: &Checked,
         slots: &mut VecDeque<Slot>,
         queue: &Queue,
         link: &LinkOut,
+        limit: Option<u64>,
     ) -> Result<(), LinkGone> {
+        let before = slots.len();
+        // `running` counts against `limit`.
+        let room = limit.map_or(MAX_PIPELINE_DEPTH, |l| {
+            (l.saturating_sub(1) as usize).min(MAX_PIPELINE_DEPTH)
+        });
+        self.queue_behind(running, slots, queue, link, room).await;
+        if slots.len() > before {
+            link.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// [`Executor::fill`]'s choice: takes the requests that qualify off `queue`, pushes
+    /// their `STARTED`s to `link` and queues their statements in the session (no I/O:
+    /// prepared statements come from the cache only).
+    async fn queue_behind(
+        &mut self,
+        running: &Checked,
+        slots: &mut VecDeque<Slot>,
+        queue: &Queue,
+        link: &LinkOut,
+        room: usize,
+    ) {
         if !self.speeds.is_fast(&running.request.sql)
             || slots
                 .back()
                 .is_some_and(|s| !self.speeds.is_fast(&s.checked.request.sql))
         {
-            return Ok(());
+            return;
         }
-        while slots.len() < MAX_PIPELINE_DEPTH {
+        while slots.len() < room {
             if self.tracker.stopping(running.stream) {
-                return Ok(());
+                return;
             }
             let Some(Ok(mut c)) = queue.peek_request(|f| self.inspect(f)) else {
-                return Ok(());
+                return;
             };
             if !self.may_pipeline(&c) {
-                return Ok(());
+                return;
             }
             let in_flight =
                 |sql: &str| running.sql.as_ref() == sql || slots.iter().any(|s| s.checked.sql.as_ref() == sql);
@@ -283,7 +321,7 @@ impl Executor {
                     .map(|n| format!("/* osprey:{n} */ {}", c.sql))
                     .find(|t| !in_flight(t))
                 else {
-                    return Ok(());
+                    return;
                 };
                 c.sql = tagged.into();
             }
@@ -293,23 +331,23 @@ impl Executor {
                 // Cached only: with responses pending, a miss is refused without a round trip.
                 match self.conn.prepare(&c.sql).await {
                     Ok(stmt) if usize::from(stmt.num_params()) == c.request.params.len() => Some(stmt),
-                    Ok(_) => return Ok(()),
+                    Ok(_) => return,
                     Err(_) => {
                         self.to_prepare = Some(c.sql.clone());
-                        return Ok(());
+                        return;
                     }
                 }
             };
             if self.tracker.write_ahead(c.stream).is_err() {
-                return Ok(());
+                return;
             }
             let Some(frame) = queue.pop_request() else {
-                return Ok(());
+                return;
             };
             debug_assert_eq!(frame.stream, c.stream);
-            // The dispatcher must know before the database has it.
+            // The dispatcher must know before the database has it: [`Executor::fill`]
+            // flushes these before anything reaches the session's socket.
             link.push(&Frame::new(Kind::Started, c.stream, &Started {}));
-            link.flush().await?;
             let sent = match &stmt {
                 None => self.conn.send_query(&c.sql),
                 Some(stmt) => {
@@ -325,10 +363,9 @@ impl Executor {
             });
             if !fast {
                 // It may be slow: nothing behind it.
-                return Ok(());
+                return;
             }
         }
-        Ok(())
     }
 }
 
