@@ -187,7 +187,7 @@ impl Default for Pool {
             batch_rows: 512,
             batch_bytes: 256 * 1024,
             worker_log: "warn".into(),
-            pipeline_depth: 4,
+            pipeline_depth: 8,
             pipeline_hold_ms: 5,
         }
     }

@@ -46,7 +46,7 @@ async fn recycling_under_load_is_invisible_to_clients() {
     const MAX_REQUESTS: u64 = 50;
     const SIZE: u64 = 8;
     // `pool.pipeline_depth`: the default.
-    const PIPELINE_DEPTH: u64 = 4;
+    const PIPELINE_DEPTH: u64 = 8;
     let c = cluster(&format!("[pool]\nsize = {SIZE}\nmax_requests = {MAX_REQUESTS}\n")).await;
     point_table(&c).await;
     let clients: Vec<Client> = futures::future::join_all((0..4).map(|_| client(&c))).await;
