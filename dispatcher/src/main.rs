@@ -39,6 +39,12 @@ struct Args {
     check_config: bool,
 }
 
+// mimalloc: the hot path allocates many small, short-lived buffers (frames, rows, SQL
+// texts); glibc malloc took ~7 % of a worker's CPU under load (perf), mimalloc's
+// per-thread free lists make those cheap.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))

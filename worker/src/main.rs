@@ -108,6 +108,12 @@ fn read_secret() -> anyhow::Result<String> {
     Ok(secret)
 }
 
+// mimalloc: the hot path allocates many small, short-lived buffers (frames, rows, SQL
+// texts); glibc malloc took ~7 % of a worker's CPU under load (perf), mimalloc's
+// per-thread free lists make those cheap.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     tracing_subscriber::fmt()
