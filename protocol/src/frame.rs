@@ -123,6 +123,16 @@ impl Frame {
         }
     }
 
+    /// A frame with a payload encoded earlier (by [`Frame::new`]), sent again.
+    pub fn with_payload(kind: Kind, stream: u32, payload: Bytes) -> Frame {
+        Frame {
+            kind,
+            flags: FLAG_NONE,
+            stream,
+            payload,
+        }
+    }
+
     /// A frame with an empty payload.
     pub fn empty(kind: Kind, stream: u32) -> Frame {
         Frame {

@@ -224,6 +224,13 @@ impl Session {
         self.io.chunk_buffered()
     }
 
+    /// The response being read is a prepared statement's: its column definitions are
+    /// kept with the statement, and each of its results hands out the same `Arc` (until
+    /// the server sends new ones), which a caller may key a cache on.
+    pub fn reading_statement(&self) -> bool {
+        self.pending.front().is_some_and(|p| p.stmt.is_some())
+    }
+
     /// An earlier fatal error broke the session.
     pub fn is_broken(&self) -> bool {
         self.broken

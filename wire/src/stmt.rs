@@ -1,7 +1,7 @@
 //! Prepared statements and the per-session cache of them (by SQL text, least recently used
 //! out first).
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::{Arc, Mutex};
 
 use mysql_common::packets::Column;

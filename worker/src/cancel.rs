@@ -5,7 +5,7 @@
 //! executor, and the tasks of request timers and `KILL QUERY`. The lock is never held
 //! across an `.await`.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use osprey_protocol::{
-    Columns, End, ErrorBody, ErrorCode, Frame, GtidPos, Kind, Origin, ProtocolError, Request, Rows, SessionReset,
-    Statement, Value,
+    End, ErrorBody, ErrorCode, Frame, GtidPos, Kind, Origin, ProtocolError, Request, Rows, SessionReset, Statement,
+    Value,
 };
 use osprey_wire::mysql_common::constants::SessionStateType;
 use osprey_wire::mysql_common::packets::session_state_change::SessionStateChange;
@@ -17,6 +17,7 @@ use crate::cancel::{StopReason, Tracker};
 use crate::convert::{self, ColumnKind};
 use crate::link::{LinkGone, LinkOut, Queue};
 use crate::session::{self, ErrorClass, ER_QUERY_INTERRUPTED, ER_STATEMENT_TIMEOUT};
+mod columns_memo;
 mod facts;
 mod pipeline;
 
@@ -92,6 +93,8 @@ pub struct Executor {
     pipeline_limit: Option<u64>,
     /// Statements may be pipelined (the dispatcher knows `STARTED`).
     pipelining: bool,
+    /// Prepared statements' `COLUMNS` payloads, encoded once ([`columns_memo`]).
+    memo: std::rc::Rc<columns_memo::ColumnsMemo>,
 }
 
 impl Executor {
@@ -119,6 +122,7 @@ impl Executor {
             known: facts::Known::default(),
             pipeline_limit: None,
             pipelining: true,
+            memo: Default::default(),
         }
     }
 
@@ -258,7 +262,7 @@ impl Executor {
             Ok(c) => c,
             Err((body, outcome)) => {
                 self.tracker.finish(stream).await;
-                Emitter::new(link, stream, self.limits).fail(body).await?;
+                Emitter::new(link, &self.memo, stream, self.limits).fail(body).await?;
                 return Ok((outcome, 1));
             }
         };
@@ -278,7 +282,7 @@ impl Executor {
             leaves_state,
             out_of_sight,
         } = checked;
-        let mut out = Emitter::new(link, stream, self.limits);
+        let mut out = Emitter::new(link, &self.memo, stream, self.limits);
         if let Err(reason) = self.tracker.start(stream) {
             self.tracker.finish(stream).await;
             let code = stop_code(reason);
@@ -708,7 +712,7 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
         match conn.next_event().await? {
             DbEvent::Columns(columns) => {
                 kinds = Some(columns.iter().map(ColumnKind::of).collect());
-                out.columns(&columns).await?;
+                out.columns(&columns, conn.reading_statement()).await?;
             }
             DbEvent::Row(row) => {
                 let Some(kinds) = &kinds else {
@@ -819,6 +823,7 @@ fn stop_code(reason: StopReason) -> ErrorCode {
 /// Builds the frames of one stream: result sets, row batches, the terminal frame.
 pub(crate) struct Emitter<'o> {
     link: &'o LinkOut,
+    memo: std::rc::Rc<columns_memo::ColumnsMemo>,
     stream: u32,
     limits: BatchLimits,
     next_result_set: u32,
@@ -837,9 +842,15 @@ pub(crate) struct Emitter<'o> {
 }
 
 impl<'o> Emitter<'o> {
-    fn new(link: &'o LinkOut, stream: u32, limits: BatchLimits) -> Emitter<'o> {
+    fn new(
+        link: &'o LinkOut,
+        memo: &std::rc::Rc<columns_memo::ColumnsMemo>,
+        stream: u32,
+        limits: BatchLimits,
+    ) -> Emitter<'o> {
         Emitter {
             link,
+            memo: memo.clone(),
             stream,
             limits,
             next_result_set: 0,
@@ -857,18 +868,15 @@ impl<'o> Emitter<'o> {
             .clamp(1, self.limits.max_payload.saturating_sub(FRAME_SLACK).max(1))
     }
 
-    async fn columns(&mut self, columns: &[osprey_wire::Column]) -> Result<(), LinkGone> {
+    /// `kept`: the definitions are a prepared statement's ([`columns_memo`]).
+    async fn columns(&mut self, columns: &std::sync::Arc<[osprey_wire::Column]>, kept: bool) -> Result<(), LinkGone> {
         if self.discarding {
             return Ok(());
         }
         self.flush_rows(false).await?;
-
-        let body = Columns {
-            result_set: self.next_result_set,
-            columns: columns.iter().map(convert::column).collect(),
-        };
+        let frame = self.memo.frame(self.stream, self.next_result_set, columns, kept);
         self.next_result_set += 1;
-        self.link.push(&Frame::new(Kind::Columns, self.stream, &body));
+        self.link.push(&frame);
         Ok(())
     }
 

@@ -3,8 +3,8 @@
 //! other parameters), and scanning each again (comments, quotes, top-level statements,
 //! placeholders) cost the worker about a twentieth of its CPU per request.
 
+use foldhash::HashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 
 use osprey_sql::{

@@ -82,7 +82,7 @@ const MAX_FAST_TEXTS: usize = 4096;
 
 /// The texts known to be fast ([`FAST_BOUND_US`]).
 #[derive(Debug, Default)]
-pub(crate) struct Speeds(std::collections::HashSet<String>);
+pub(crate) struct Speeds(foldhash::HashSet<String>);
 
 impl Speeds {
     /// `sql` ran in `elapsed_us`; `stopped`: it was cancelled or timed out, which says
@@ -132,7 +132,7 @@ impl Executor {
         if let Err(reason) = self.tracker.start(stream) {
             self.tracker.finish(stream).await;
             let body = ErrorBody::undispatched(Origin::Worker, stop_code(reason), "stopped before it started");
-            Emitter::new(link, stream, self.limits).fail(body).await?;
+            Emitter::new(link, &self.memo, stream, self.limits).fail(body).await?;
             return Ok((Outcome::Served, 1));
         }
         if let Some(sql) = self.to_prepare.take() {
@@ -160,7 +160,7 @@ impl Executor {
                 let limit = self.pipeline_limit.map(|l| l.saturating_sub(answered));
                 self.fill(&slot.checked, &mut slots, queue, link, limit).await?;
             }
-            let mut out = Emitter::new(link, stream, self.limits);
+            let mut out = Emitter::new(link, &self.memo, stream, self.limits);
             out.discarding = stopped_before.is_some();
             // With a statement behind it, its END goes out with that one's answer (or as
             // soon as the worker would wait on the database): one write for several.
@@ -241,7 +241,7 @@ impl Executor {
             link.flush().await?;
             let rolled_back = reset_session(&mut self.conn, true).await;
             for (stream, acc, elapsed, sent_rows) in tainted {
-                let mut out = Emitter::new(link, stream, self.limits);
+                let mut out = Emitter::new(link, &self.memo, stream, self.limits);
                 out.sent_rows = sent_rows;
                 let result = match &rolled_back {
                     Ok(_) if Some(stream) == taint_at => Err(ExecError::LeftOpen),
@@ -317,12 +317,18 @@ impl Executor {
             let in_flight =
                 |sql: &str| running.sql.as_ref() == sql || slots.iter().any(|s| s.checked.sql.as_ref() == sql);
             if in_flight(&c.sql) {
-                let Some(tagged) = (1..=MAX_PIPELINE_DEPTH + 1)
-                    .map(|n| format!("/* osprey:{n} */ {}", c.sql))
-                    .find(|t| !in_flight(t))
-                else {
+                // Checked without building each candidate (a `format!` per try and per
+                // request was ~4 % of the worker's instructions).
+                let taken = |tag: &str| {
+                    let is = |sql: &str| sql.strip_prefix(tag) == Some(&*c.sql);
+                    is(&running.sql) || slots.iter().any(|s| is(&s.checked.sql))
+                };
+                let Some(tag) = tags().iter().find(|t| !taken(t)) else {
                     return;
                 };
+                let mut tagged = String::with_capacity(tag.len() + c.sql.len());
+                tagged.push_str(tag);
+                tagged.push_str(&c.sql);
                 c.sql = tagged.into();
             }
             let stmt = if c.request.params.is_empty() {
@@ -367,6 +373,17 @@ impl Executor {
             }
         }
     }
+}
+
+/// The leading comments that tell apart a text already in the pipeline: `/* osprey:N */ `,
+/// N from 1, one more than statements may be behind the running one.
+fn tags() -> &'static [String] {
+    static TAGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    TAGS.get_or_init(|| {
+        (1..=MAX_PIPELINE_DEPTH + 1)
+            .map(|n| format!("/* osprey:{n} */ "))
+            .collect()
+    })
 }
 
 fn err_text(r: &Result<(), ExecError>) -> String {
