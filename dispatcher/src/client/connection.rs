@@ -570,12 +570,12 @@ async fn open_stream(
 /// statements is checked. `Err`: blocked.
 fn digest_and_check(ctx: &Ctx, request: &Request) -> Result<Option<osprey_sql::Digest>, Blocked> {
     if request.batch.is_empty() {
-        let d = osprey_sql::digest(&request.sql);
+        let d = ctx.policy.digest(&request.sql);
         ctx.policy.check(&d)?;
         return Ok(Some(d));
     }
     for st in &request.batch {
-        ctx.policy.check(&osprey_sql::digest(&st.sql))?;
+        ctx.policy.check(&ctx.policy.digest(&st.sql))?;
     }
     Ok(None)
 }

@@ -3,7 +3,7 @@
 //!
 //! The request path uses one [`Policy`] (shared, `Arc`) at three points:
 //! ```text
-//! digest = osprey_sql::digest(sql)            // once per statement, after decode
+//! digest = policy.digest(sql)                 // once per statement, after decode (kept per text)
 //! policy.check(&digest)?                      // before routing: Err → ERROR SQL_BLOCKED
 //! policy.acquire(&member).await?              // after routing, before the slot group: Err → ERROR THROTTLED
 //! … worker … END (server time, rows) …
@@ -12,6 +12,7 @@
 //! None of them waits for I/O; only `acquire` may wait, for a token, bounded by
 //! `throttle.wait_ms` and per member.
 
+pub mod digest_memo;
 pub mod intercept;
 pub mod slow_log;
 pub mod throttle;
@@ -48,6 +49,7 @@ pub struct Execution<'a> {
 
 /// Interception, slow log and throttle together.
 pub struct Policy {
+    digests: digest_memo::DigestMemo,
     pub intercept: Intercept,
     pub throttle: Throttle,
     slow_log: Option<SlowLog>,
@@ -74,11 +76,17 @@ impl Policy {
             None => (None, None),
         };
         let policy = Policy {
+            digests: Default::default(),
             intercept: Intercept::new(intercept),
             throttle: t,
             slow_log: log,
         };
         (Arc::new(policy), writer)
+    }
+
+    /// The digest of `sql` (`osprey_sql::digest`), kept per text ([`digest_memo`]).
+    pub fn digest(&self, sql: &str) -> Digest {
+        self.digests.digest(sql)
     }
 
     /// Before routing: `Err` → end the request with [`Blocked::error_body`].
