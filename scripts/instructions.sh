@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# User-space instructions per request of the worker or the dispatcher, counted by
+# callgrind under a point-select load (docs/BENCHMARKS.md, "Step 4"). Unlike the
+# benchmark's CPU time, the count is nearly the same from run to run whatever else the
+# machine does, so it can tell a few per cent apart.
+#   scripts/instructions.sh worker|dispatcher [BIN_DIR=target/release]
+# worker: W=2, C=16, both workers under callgrind; dispatcher: W=8, C=64.
+# Counts a 15 s window after 8 s of load (callgrind_control zeroes, then dumps), and
+# divides by the requests osprey_requests_total counted in it. Needs valgrind, and the
+# release build of osprey-bench, osprey-dispatcher and osprey-worker.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:?worker or dispatcher}
+bin=$(realpath "${2:-target/release}")
+work=$(mktemp -d /tmp/osprey-instructions-XXXXXX)
+trap 'pkill -f "$work/osprey-bench" || true; rm -rf "$work"' EXIT
+# The bench starts the binaries next to itself: a copy of it with wrappers beside it.
+cp "$bin/osprey-bench" "$work/"
+cp "$bin/osprey-dispatcher" "$work/osprey-dispatcher"
+cp "$bin/osprey-worker" "$work/osprey-worker"
+case $what in
+  worker) wrapped=osprey-worker; args=(--clients 16 --workers 2) ;;
+  dispatcher) wrapped=osprey-dispatcher; args=(--clients 64 --workers 8) ;;
+  *) echo "worker or dispatcher" >&2; exit 2 ;;
+esac
+mv "$work/$wrapped" "$work/$wrapped.real"
+cat > "$work/$wrapped" <<EOW
+#!/usr/bin/env bash
+exec valgrind --tool=callgrind --callgrind-out-file=$work/cg.%p.out $work/$wrapped.real "\$@" 2>>$work/valgrind.log
+EOW
+chmod +x "$work/$wrapped"
+"$work/osprey-bench" --targets osprey --workloads point-select "${args[@]}" --duration 40 --warmup 1 \
+  >"$work/bench.log" 2>&1 &
+for _ in $(seq 1 180); do
+  grep -q "run: target=osprey" "$work/bench.log" && break
+  sleep 1
+done
+grep -q "run: target=osprey" "$work/bench.log" || { cat "$work/bench.log" >&2; exit 1; }
+sleep 8
+config=$(ls -td /tmp/osprey-bench-*/ | head -1)osprey.toml
+admin=$(sed -n 's/^admin = "\(.*\)"/\1/p' "$config")
+requests() {
+  curl -s -m 5 -H 'Authorization: Bearer bench-admin-token' "http://$admin/metrics" |
+    awk '/^osprey_requests_total/ { s += $NF } END { printf "%d", s }'
+}
+before=$(requests)
+callgrind_control -z >/dev/null 2>&1
+sleep 15
+after=$(requests)
+callgrind_control -d >/dev/null 2>&1
+sleep 3
+total=0
+for f in "$work"/cg.*.out.*; do
+  n=$(awk '/^summary:/ { print $2; exit }' "$f")
+  total=$((total + n))
+done
+n=$((after - before))
+echo "$what: $n requests, $total instructions, $((total / n)) per request"
