@@ -557,7 +557,10 @@ impl Relay {
                     // bound keeps the arms above from waiting behind a worker that
                     // streams without pause.
                     for _ in 0..INLINE_FRAMES {
-                        if !self.stash.is_empty() || !osprey_protocol::frame_buffered(self.reader.read_buffer()) {
+                        if !self.stash.is_empty()
+                            || !osprey_protocol::frame_buffered(self.reader.read_buffer())
+                            || self.loop_due(current, drain)
+                        {
                             break;
                         }
                         // Decoded from the buffer: no read, so ready at once.
@@ -596,6 +599,19 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// Whether a deadline, a shutdown or a CANCEL wants the serving loop's own arms now:
+    /// frames at hand then wait for them. A data frame that gave up waiting for a slow
+    /// client at the deadline leaves the timeout to the loop (`give_up`): an `END` at hand
+    /// must not end that request first, as dropped rows (`CANCELLED`).
+    fn loop_due(&self, current: &Option<Current>, drain: &Option<Draining>) -> bool {
+        let now = TokioInstant::now();
+        self.ctx.abort.is_cancelled()
+            || current
+                .as_ref()
+                .is_some_and(|c| now >= c.deadline || (!c.cancel_sent && c.cancel.is_cancelled()))
+            || drain.as_ref().is_some_and(|d| now >= d.hard)
     }
 
     /// What the worker's socket gave: a frame is acted on, the end or a bad frame ends

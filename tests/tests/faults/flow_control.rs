@@ -252,3 +252,49 @@ async fn window_frames_are_checked() {
     raw.expect_conn_error(ErrorCode::ProtocolViolation).await;
     assert_closed_loop(&c, &[], 1).await;
 }
+
+/// Review finding (step 4 of pipelining: the relay acts on the frames at hand without going
+/// round its loop). A stream that reaches its deadline while its next data frame waits for
+/// credit ends with `REQUEST_TIMEOUT`, as it did before, although its `END` was read with
+/// that frame: the relay once ended it at that `END` instead, as a success whose rows were
+/// dropped (`CANCELLED`, outcome "ok"), before its timer could act.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_passed_waiting_for_credit_is_a_timeout_even_with_the_end_at_hand() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\n[limits]\nclient_write_timeout_ms = 20000\n").await;
+    let d = &c.dispatcher;
+    // A window of one frame: COLUMNS spends it, the ROWS behind it waits.
+    let (mut raw, ack) = Raw::open_with_window(d.client_addr, &d.client_token, 1).await;
+    assert_eq!(ack.stream_window, 1);
+    // A result small enough that the worker writes COLUMNS, ROWS and END in one write.
+    let mut req = Request::sql("SELECT seq FROM seq_1_to_3 WHERE (SELECT SLEEP(0.2)) = 0");
+    req.timeout_ms = 1000;
+    raw.send(Frame::new(Kind::Request, 1, &req)).await;
+    let t0 = Instant::now();
+    let mut kinds = Vec::new();
+    let error = loop {
+        match raw.next_data(Duration::from_secs(10)).await {
+            Got::Frame(f) if f.kind == Kind::Error => break f.body::<ErrorBody>().expect("ERROR body"),
+            Got::Frame(f) => {
+                assert_eq!(f.stream, 1, "{f:?}");
+                kinds.push(f.kind);
+            }
+            Got::Closed => panic!("closed after {kinds:?}"),
+        }
+    };
+    assert_eq!(kinds, vec![Kind::Columns], "no credit was given for more");
+    assert_eq!(error.code, ErrorCode::RequestTimeout, "{error:?}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "answered after {:?}",
+        t0.elapsed()
+    );
+    match raw.next_data(Duration::from_secs(5)).await {
+        Got::Frame(f) => assert_eq!((f.kind, f.stream), (Kind::End, 1)),
+        Got::Closed => panic!("closed before END"),
+    }
+    assert_eq!(
+        crate::metric(d, "osprey_requests_total{outcome=\"timeout\"}").await,
+        1.0
+    );
+}
