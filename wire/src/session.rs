@@ -225,8 +225,9 @@ impl Session {
     }
 
     /// The response being read is a prepared statement's: its column definitions are
-    /// kept with the statement, and each of its results hands out the same `Arc` (until
-    /// the server sends new ones), which a caller may key a cache on.
+    /// kept with the statement. With [`Session::caches_metadata`] its results hand out
+    /// that same `Arc` until the server sends new ones, which a caller may key a cache on;
+    /// without it every result brings a new one.
     pub fn reading_statement(&self) -> bool {
         self.pending.front().is_some_and(|p| p.stmt.is_some())
     }

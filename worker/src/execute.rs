@@ -712,7 +712,8 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
         match conn.next_event().await? {
             DbEvent::Columns(columns) => {
                 kinds = Some(columns.iter().map(ColumnKind::of).collect());
-                out.columns(&columns, conn.reading_statement()).await?;
+                let kept = conn.reading_statement() && conn.caches_metadata();
+                out.columns(&columns, kept).await?;
             }
             DbEvent::Row(row) => {
                 let Some(kinds) = &kinds else {

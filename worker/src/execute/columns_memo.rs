@@ -3,7 +3,10 @@
 //! (MessagePack, a map per column) was about a twentieth of the worker's instructions.
 //!
 //! Keyed on the definitions' `Arc`, which a prepared statement keeps for as long as it is
-//! cached (`osprey_wire` hands out that same `Arc` with each of its results): an entry
+//! cached. With MariaDB's metadata caching (`MARIADB_CLIENT_CACHE_METADATA`, 10.6+) the
+//! server leaves the definitions out of a prepared statement's results and `osprey_wire`
+//! hands out that same `Arc` each time; without it (MySQL, older MariaDB) every result
+//! brings them again, a new `Arc`, and nothing is kept (the caller says which). An entry
 //! holds its `Arc`, so the address cannot be reused for other definitions while the entry
 //! lives. New definitions (after a schema change the server sends them again) are a new
 //! `Arc`, hence a new entry.
@@ -17,7 +20,7 @@ use osprey_protocol::{Columns, Frame, Kind};
 
 use crate::convert;
 
-/// Entries kept at most (the oldest goes first): a pipelined point select alone uses up
+/// Entries kept at most (the least recently used goes first): a pipelined point select alone uses up
 /// to `MAX_PIPELINE_DEPTH + 2` statements (its text and the tagged variants).
 const MAX_ENTRIES: usize = 32;
 /// Larger payloads (very wide results) are encoded every time: the memory stays under
@@ -36,8 +39,8 @@ pub(crate) struct ColumnsMemo(RefCell<VecDeque<Entry>>);
 
 impl ColumnsMemo {
     /// The `COLUMNS` frame of result set `result_set` with `columns`; `kept`: the
-    /// definitions are a prepared statement's (the same `Arc` comes again), else they are
-    /// encoded and not kept.
+    /// definitions are a prepared statement's and the server caches them (the same `Arc`
+    /// comes again), else they are encoded and not kept.
     pub(crate) fn frame(
         &self,
         stream: u32,
@@ -45,15 +48,18 @@ impl ColumnsMemo {
         columns: &Arc<[osprey_wire::Column]>,
         kept: bool,
     ) -> Frame {
-        let hit = kept.then(|| {
-            self.0
-                .borrow()
+        if kept {
+            let mut entries = self.0.borrow_mut();
+            let hit = entries
                 .iter()
-                .find(|e| e.result_set == result_set && Arc::ptr_eq(&e.columns, columns))
-                .map(|e| e.payload.clone())
-        });
-        if let Some(Some(payload)) = hit {
-            return Frame::with_payload(Kind::Columns, stream, payload);
+                .position(|e| e.result_set == result_set && Arc::ptr_eq(&e.columns, columns));
+            if let Some(i) = hit {
+                // The most recently used first: the oldest unused goes when it is full.
+                let entry = entries.remove(i).expect("found");
+                let payload = entry.payload.clone();
+                entries.push_front(entry);
+                return Frame::with_payload(Kind::Columns, stream, payload);
+            }
         }
         let body = Columns {
             result_set,
@@ -132,15 +138,20 @@ mod tests {
         let f = memo.frame(1, 0, &cols, false);
         assert_eq!(f.payload, fresh(1, 0, &cols).payload);
         assert!(memo.0.borrow().is_empty());
-        let all: Vec<_> = (0..MAX_ENTRIES + 5).map(|i| defs(&format!("c{i}"))).collect();
+        let all: Vec<_> = (0..MAX_ENTRIES).map(|i| defs(&format!("c{i}"))).collect();
         for c in &all {
             memo.frame(1, 0, c, true);
         }
         assert_eq!(memo.0.borrow().len(), MAX_ENTRIES);
-        // The oldest went first: the newest is still a hit.
-        let last = all.last().unwrap();
-        assert!(memo.0.borrow().iter().any(|e| Arc::ptr_eq(&e.columns, last)));
-        assert!(!memo.0.borrow().iter().any(|e| Arc::ptr_eq(&e.columns, &all[0])));
+        let has = |c: &Arc<[Column]>| memo.0.borrow().iter().any(|e| Arc::ptr_eq(&e.columns, c));
+        // The oldest, used again, stays; the least recently used goes for a new one.
+        let hit = memo.frame(2, 0, &all[0], true);
+        assert_eq!(hit.payload, fresh(2, 0, &all[0]).payload);
+        let newer = defs("newer");
+        memo.frame(1, 0, &newer, true);
+        assert_eq!(memo.0.borrow().len(), MAX_ENTRIES);
+        assert!(has(&all[0]) && has(&newer) && has(&all[MAX_ENTRIES - 1]));
+        assert!(!has(&all[1]), "the least recently used was kept");
         let wide: Arc<[Column]> = (0..200)
             .map(|i| Column::new(ColumnType::MYSQL_TYPE_LONG).with_name(format!("column_{i}").as_bytes()))
             .collect::<Vec<_>>()
