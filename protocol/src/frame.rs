@@ -135,12 +135,7 @@ impl Frame {
 
     /// A frame with an empty payload.
     pub fn empty(kind: Kind, stream: u32) -> Frame {
-        Frame {
-            kind,
-            flags: FLAG_NONE,
-            stream,
-            payload: Bytes::new(),
-        }
+        Frame::with_payload(kind, stream, Bytes::new())
     }
 
     /// Decodes the payload as `T`.

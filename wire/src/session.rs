@@ -224,12 +224,13 @@ impl Session {
         self.io.chunk_buffered()
     }
 
-    /// The response being read is a prepared statement's: its column definitions are
-    /// kept with the statement. With [`Session::caches_metadata`] its results hand out
-    /// that same `Arc` until the server sends new ones, which a caller may key a cache on;
-    /// without it every result brings a new one.
-    pub fn reading_statement(&self) -> bool {
-        self.pending.front().is_some_and(|p| p.stmt.is_some())
+    /// The column definitions of the response being read come again, the same `Arc`,
+    /// with the next results of the same statement (until the server sends new ones), so
+    /// that a caller may key a cache on them: the response is a prepared statement's and
+    /// the server caches metadata ([`Session::caches_metadata`]). Otherwise every result
+    /// brings new definitions.
+    pub fn columns_kept(&self) -> bool {
+        self.caches_metadata() && self.pending.front().is_some_and(|p| p.stmt.is_some())
     }
 
     /// An earlier fatal error broke the session.

@@ -712,8 +712,7 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
         match conn.next_event().await? {
             DbEvent::Columns(columns) => {
                 kinds = Some(columns.iter().map(ColumnKind::of).collect());
-                let kept = conn.reading_statement() && conn.caches_metadata();
-                out.columns(&columns, kept).await?;
+                out.columns(&columns, conn.columns_kept()).await?;
             }
             DbEvent::Row(row) => {
                 let Some(kinds) = &kinds else {

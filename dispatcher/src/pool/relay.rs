@@ -557,9 +557,7 @@ impl Relay {
                     // bound keeps the arms above from waiting behind a worker that
                     // streams without pause.
                     for _ in 0..INLINE_FRAMES {
-                        if !self.stash.is_empty()
-                            || !osprey_protocol::frame_buffered(self.reader.read_buffer())
-                            || self.loop_due(current, drain)
+                        if !self.stash.is_empty() || !self.frame_buffered() || self.loop_due(current, drain)
                         {
                             break;
                         }
@@ -959,7 +957,12 @@ impl Relay {
     /// Whether the worker's next frame is at hand without a read (stashed, or buffered
     /// whole).
     fn frame_at_hand(&self) -> bool {
-        !self.stash.is_empty() || osprey_protocol::frame_buffered(self.reader.read_buffer())
+        !self.stash.is_empty() || self.frame_buffered()
+    }
+
+    /// Whether the worker's next frame is read whole already (decoded without a read).
+    fn frame_buffered(&self) -> bool {
+        osprey_protocol::frame_buffered(self.reader.read_buffer())
     }
 
     /// Flushes what is queued for the worker now, or, while its next frame is at hand,

@@ -6,10 +6,10 @@
 //! cached. With MariaDB's metadata caching (`MARIADB_CLIENT_CACHE_METADATA`, 10.6+) the
 //! server leaves the definitions out of a prepared statement's results and `osprey_wire`
 //! hands out that same `Arc` each time; without it (MySQL, older MariaDB) every result
-//! brings them again, a new `Arc`, and nothing is kept (the caller says which). An entry
-//! holds its `Arc`, so the address cannot be reused for other definitions while the entry
-//! lives. New definitions (after a schema change the server sends them again) are a new
-//! `Arc`, hence a new entry.
+//! brings them again, a new `Arc`, and nothing is kept (`Session::columns_kept` says
+//! which). An entry holds its `Arc`, so the address cannot be reused for other
+//! definitions while the entry lives. New definitions (after a schema change the server
+//! sends them again) are a new `Arc`, hence a new entry.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
