@@ -29,6 +29,13 @@ pub enum ProbeError {
     Query(#[source] mysql_async::Error),
 }
 
+impl ProbeError {
+    /// The member did not answer in time: it may be slow rather than gone.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, ProbeError::ConnectTimeout(_) | ProbeError::QueryTimeout(_))
+    }
+}
+
 /// One member's status connection (monitor credentials, TCP only). It is dropped on any
 /// error or timeout and made again on the next round, so a round never waits on a
 /// connection that a previous round left in an unknown state.

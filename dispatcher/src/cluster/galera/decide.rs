@@ -15,6 +15,13 @@
 //!   in a row (priority says where writes belong; the streak keeps a flapping node from
 //!   pulling them back and forth). Equal priorities never fail back. A writer chosen by a
 //!   switchover is pinned: it keeps the writes while eligible, whatever the priorities.
+//! - A probe that times out (a node slow to answer on a busy host, or hung, or a network that
+//!   eats packets) is not yet an answer: the node keeps its last status, and so its role,
+//!   until `fail_threshold` probes in a row have timed out (as ProxySQL's
+//!   `monitor_galera_healthcheck_max_timeout_count`). Such a node is *late*: it keeps the
+//!   writes if it has them, but is not given them (no election, failback or switchover on
+//!   a status that old). A refused or dropped connection, an error or a status that says
+//!   not Synced takes the node out at once.
 
 use crate::cluster::view::MemberHealth;
 
@@ -97,6 +104,9 @@ pub struct Candidate {
     pub health_down: bool,
     /// Rounds in a row this member was eligible (this one included).
     pub eligible_streak: u32,
+    /// This round's probe timed out and `probe` is the last answer, kept (see
+    /// [`through_timeout`]): why, for the member's view.
+    pub late: Option<String>,
 }
 
 impl Candidate {
@@ -114,7 +124,13 @@ impl Candidate {
             probe,
             health_down: health.is_some_and(|h| h.state == crate::cluster::view::HealthState::Down),
             eligible_streak: 0,
+            late: None,
         }
+    }
+
+    /// May be given the writes this round: eligible, and answered this round.
+    pub fn electable(&self) -> bool {
+        self.eligible() && self.late.is_none()
     }
 
     /// Why it takes no requests; `None` when it is eligible.
@@ -136,21 +152,48 @@ impl Candidate {
     }
 }
 
-/// The best eligible candidate by (priority, local index, config order), skipping `except`.
+/// The best electable candidate by (priority, local index, config order), skipping `except`.
 pub fn best<'a>(candidates: &'a [Candidate], except: Option<&str>) -> Option<&'a Candidate> {
     candidates
         .iter()
-        .filter(|c| c.eligible() && Some(c.name.as_str()) != except)
+        .filter(|c| c.electable() && Some(c.name.as_str()) != except)
         .min_by_key(|c| c.rank())
 }
 
 /// The writer after this round (see the module rules). `pinned`: the current writer was
 /// chosen by a switchover.
 pub fn choose(current: Option<&str>, pinned: bool, candidates: &[Candidate], failback_after: u32) -> Option<String> {
-    let best = best(candidates, None)?;
-    let Some(cur) = current.and_then(|c| candidates.iter().find(|x| x.name == c && x.eligible())) else {
-        return Some(best.name.clone());
-    };
-    let failback = !pinned && best.priority < cur.priority && best.eligible_streak >= failback_after.max(1);
-    Some(if failback { best.name.clone() } else { cur.name.clone() })
+    let best = best(candidates, None);
+    // A late writer is still eligible: it keeps the writes.
+    let cur = current.and_then(|c| candidates.iter().find(|x| x.name == c && x.eligible()));
+    match (cur, best) {
+        (None, best) => best.map(|b| b.name.clone()),
+        (Some(cur), None) => Some(cur.name.clone()),
+        (Some(cur), Some(best)) => {
+            let failback = !pinned && best.priority < cur.priority && best.eligible_streak >= failback_after.max(1);
+            Some(if failback { best.name.clone() } else { cur.name.clone() })
+        }
+    }
+}
+
+/// This round's probe of one node, through the timeout rule (module rules): `probe` is what
+/// it gave (`Err` with the error's text), `timeouts_in_a_row` how many probes in a row have
+/// now timed out (0 when this one did not), `last` the node's last answer since it last
+/// failed otherwise. Returns the status to judge the node on, and `Some(why)` when that is
+/// the kept one.
+pub fn through_timeout(
+    probe: Result<NodeStatus, String>,
+    timeouts_in_a_row: u32,
+    limit: u32,
+    last: Option<&NodeStatus>,
+) -> (Result<NodeStatus, String>, Option<String>) {
+    match (probe, last) {
+        (Err(why), Some(last)) if timeouts_in_a_row > 0 && timeouts_in_a_row < limit => (
+            Ok(last.clone()),
+            Some(format!(
+                "late: {why} ({timeouts_in_a_row} in a row; out at {limit}); its last status is kept"
+            )),
+        ),
+        (probe, _) => (probe, None),
+    }
 }

@@ -159,3 +159,58 @@ fn best_skips_the_current_writer_for_a_switchover() {
     assert_eq!(best(&cs, Some("a")).map(|c| c.name.as_str()), Some("b"));
     assert_eq!(best(&cs[..1], Some("a")).map(|c| c.name.as_str()), None);
 }
+
+#[test]
+fn a_timed_out_probe_keeps_the_last_status_until_the_limit() {
+    let last = synced(1).unwrap();
+    let timed_out = || Err("status query timed out after 160ms".to_owned());
+    let (probe, late) = through_timeout(timed_out(), 1, 3, Some(&last));
+    assert_eq!(probe, Ok(last.clone()));
+    assert!(late.unwrap().contains("1 in a row; out at 3"));
+    let (probe, late) = through_timeout(timed_out(), 2, 3, Some(&last));
+    assert_eq!(probe, Ok(last.clone()));
+    assert!(late.is_some());
+    // The limit-th timeout in a row: out.
+    let (probe, late) = through_timeout(timed_out(), 3, 3, Some(&last));
+    assert!(probe.is_err());
+    assert_eq!(late, None);
+    // No answer since it last failed otherwise (or ever): nothing to keep.
+    let (probe, _) = through_timeout(timed_out(), 1, 3, None);
+    assert!(probe.is_err());
+    // Not a timeout (a refused connection, an error): out at once.
+    let (probe, late) = through_timeout(Err("connect failed: refused".into()), 0, 3, Some(&last));
+    assert!(probe.is_err());
+    assert_eq!(late, None);
+    // A limit of 1: every timeout counts at once.
+    assert!(through_timeout(timed_out(), 1, 1, Some(&last)).0.is_err());
+    // An answer is the answer.
+    let (probe, late) = through_timeout(synced(2), 0, 3, Some(&last));
+    assert_eq!(probe, synced(2));
+    assert_eq!(late, None);
+}
+
+#[test]
+fn a_late_node_keeps_the_writes_but_is_not_given_them() {
+    let late = |name: &str, priority: u32, order: usize, index: u32| {
+        let mut c = cand(name, priority, order, synced(index), 0);
+        c.late = Some("late".into());
+        c
+    };
+    // The late writer keeps the writes, even with no other node to move them to.
+    let cs = [late("a", 0, 0, 0), cand("b", 0, 1, synced(1), 4)];
+    assert_eq!(choose(Some("a"), false, &cs, 3).as_deref(), Some("a"));
+    let cs = [late("a", 0, 0, 0), cand("b", 0, 1, Err("refused".into()), 0)];
+    assert_eq!(choose(Some("a"), false, &cs, 3).as_deref(), Some("a"));
+    // No writer yet: a late node is not elected, however good its last status.
+    let cs = [late("a", 0, 0, 0), cand("b", 5, 1, synced(1), 1)];
+    assert_eq!(choose(None, false, &cs, 3).as_deref(), Some("b"));
+    let cs = [late("a", 0, 0, 0)];
+    assert_eq!(choose(None, false, &cs, 3), None);
+    // A late node of lower priority takes no writes back, and no switchover picks it.
+    let mut a = late("a", 0, 0, 0);
+    a.eligible_streak = 9;
+    let cs = [a, cand("b", 5, 1, synced(1), 9), cand("c", 5, 2, synced(2), 9)];
+    assert_eq!(choose(Some("b"), false, &cs, 3).as_deref(), Some("b"));
+    assert_eq!(best(&cs, Some("b")).map(|c| c.name.as_str()), Some("c"));
+    assert!(cs[0].eligible() && !cs[0].electable());
+}

@@ -17,6 +17,11 @@ use crate::cluster::view::{ClusterView, Command, MemberHealth, Role};
 const INTERVAL_MS: u64 = 200;
 /// Slack over one interval for a move: the round's own probe timeouts and a loaded machine.
 const MOVE_BUDGET: Duration = Duration::from_millis(INTERVAL_MS * 3);
+/// Probes in a row that may time out before a node is out.
+const FAIL_THRESHOLD: u32 = 3;
+/// A hung writer: up to an interval to the first probe, `FAIL_THRESHOLD` timed-out probes
+/// an interval apart, and the slack of [`MOVE_BUDGET`].
+const HUNG_BUDGET: Duration = Duration::from_millis(INTERVAL_MS * (FAIL_THRESHOLD as u64 + 2));
 
 fn config(galera: &Galera, priorities: &[u32]) -> ClusterConfig {
     ClusterConfig {
@@ -55,6 +60,7 @@ fn config(galera: &Galera, priorities: &[u32]) -> ClusterConfig {
         health: HealthConfig {
             interval_ms: INTERVAL_MS,
             window_ms: 2_000,
+            fail_threshold: FAIL_THRESHOLD,
             recover_successes: 3,
             ..Default::default()
         },
@@ -187,12 +193,20 @@ async fn follows_the_synced_nodes_of_a_real_galera_cluster() {
     // A few more rounds than the failback streak: still no move.
     tokio::time::sleep(Duration::from_millis(INTERVAL_MS * 5)).await;
     let v = view.borrow().clone();
+    let moves = || {
+        events
+            .list(Some("g"))
+            .iter()
+            .map(|e| format!("{:?} -> {:?}: {:?}", e.old_primary, e.new_primary, e.detail))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
         v.primary.as_deref(),
         Some(new_writer.as_str()),
-        "no failback at equal priority"
+        "no failback at equal priority: {:#?}",
+        moves()
     );
-    assert_eq!(v.epoch, 2);
+    assert_eq!(v.epoch, 2, "{:#?}", moves());
 
     // Desync the writer: it is Donor/Desynced, so the writes leave it, and it is not chosen.
     let mut c = galera.node(new_i).conn().await.unwrap();
@@ -346,16 +360,40 @@ async fn a_hung_writer_or_one_its_monitor_marks_down_loses_the_writes() {
     .await;
     assert_eq!(v.primary.as_deref(), Some("node-1"), "priority 0");
 
-    // SIGSTOP: the probe's query times out below the interval, and the next round moves on.
+    // A stall shorter than `fail_threshold` probes: the writer is late once (SIGCONT as soon
+    // as the view says so), keeps the writes, and is on time again at the next round.
+    galera.node(0).stop();
+    let v = wait_view(&mut view, MOVE_BUDGET * 2, "writer late", |v| {
+        v.member("node-1")
+            .is_some_and(|m| m.reason.as_deref().is_some_and(|r| r.starts_with("late:")))
+    })
+    .await;
+    galera.node(0).cont();
+    let late = v.member("node-1").unwrap();
+    assert_eq!(late.role, Role::Primary, "{late:?}");
+    assert!(late.reason.as_deref().unwrap().contains("timed out"), "{late:?}");
+    let v = wait_view(&mut view, MOVE_BUDGET, "writer on time again", |v| {
+        v.member("node-1").is_some_and(|m| m.reason.is_none())
+    })
+    .await;
+    assert_eq!(v.primary.as_deref(), Some("node-1"));
+    assert_eq!(v.epoch, 1, "one late probe moves no writes");
+
+    // SIGSTOP for good: every probe times out below the interval, and the round of the
+    // `fail_threshold`-th timeout in a row moves the writes.
     galera.node(0).stop();
     let stopped_at = Instant::now();
-    let v = wait_view(&mut view, MOVE_BUDGET, "writer moved off the hung node", |v| {
+    let v = wait_view(&mut view, HUNG_BUDGET, "writer moved off the hung node", |v| {
         v.primary.as_deref() == Some("node-2")
     })
     .await;
     println!("SIGSTOP of node-1 -> writer node-2 after {:?}", stopped_at.elapsed());
     let hung = v.member("node-1").unwrap();
     assert!(hung.reason.as_deref().unwrap_or("").contains("timed out"), "{hung:?}");
+    assert!(
+        stopped_at.elapsed() >= Duration::from_millis(INTERVAL_MS * (FAIL_THRESHOLD as u64 - 1)),
+        "moved before {FAIL_THRESHOLD} probes could time out"
+    );
     galera.node(0).cont();
 
     // The monitor says node-2 is down (e.g. the business statement fails there) while its

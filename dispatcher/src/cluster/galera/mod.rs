@@ -8,8 +8,10 @@
 //! `wsrep_ready`. The rules that pick the writer are in [`decide`]. When the writer stops
 //! answering, leaves the Primary component or stops being Synced, the first round that sees
 //! it moves `ClusterView.primary` (so within one interval of the event plus that round's
-//! timeout), bumps the epoch and logs a `followed` switch event. A member's monitor saying
-//! Down takes it out too, but the provider does not wait for the monitor's window.
+//! timeout), bumps the epoch and logs a `followed` switch event. A probe that times out
+//! counts only once `fail_threshold` have in a row (the node may just be slow; see
+//! [`decide`]). A member's monitor saying Down takes it out too, but the provider does not
+//! wait for the monitor's window.
 
 pub mod decide;
 
@@ -49,6 +51,8 @@ pub fn spawn_galera(
         health: health.into_iter().collect(),
         conns: HashMap::new(),
         streaks: HashMap::new(),
+        timeouts: HashMap::new(),
+        answers: HashMap::new(),
         last: Vec::new(),
         last_seen: HashMap::new(),
         pinned: false,
@@ -67,6 +71,10 @@ struct Provider {
     conns: HashMap<String, MemberConn>,
     /// Rounds in a row each member was eligible.
     streaks: HashMap<String, u32>,
+    /// Probes in a row that timed out, per member.
+    timeouts: HashMap<String, u32>,
+    /// Each member's last answer, while nothing but timeouts followed it.
+    answers: HashMap<String, NodeStatus>,
     /// The last round's candidates (switchover commands decide on them).
     last: Vec<Candidate>,
     last_seen: HashMap<String, SystemTime>,
@@ -123,21 +131,42 @@ impl Provider {
         for (order, (name, conn, result)) in results.into_iter().enumerate() {
             self.conns.insert(name.clone(), conn);
             let member = &cluster.members[order];
+            let timeouts = self.timeouts.entry(name.clone()).or_insert(0);
+            *timeouts = match &result {
+                Err(e) if e.is_timeout() => timeouts.saturating_add(1),
+                _ => 0,
+            };
             let probe = match result {
                 Ok(rows) => {
                     self.last_seen.insert(name.clone(), SystemTime::now());
-                    Ok(NodeStatus::from_rows(&rows))
+                    let status = NodeStatus::from_rows(&rows);
+                    self.answers.insert(name.clone(), status.clone());
+                    Ok(status)
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => {
+                    if !e.is_timeout() {
+                        self.answers.remove(&name);
+                    }
+                    Err(e.to_string())
+                }
             };
+            let (probe, late) =
+                decide::through_timeout(probe, *timeouts, cluster.health.fail_threshold, self.answers.get(&name));
+            if let Some(why) = &late {
+                tracing::warn!(member = %name, "{why}");
+            }
             let health = self.health.get(&name).map(|rx| rx.borrow().clone());
             let mut c = Candidate::new(&name, member.priority, order, probe, health.as_ref());
+            c.late = late;
             let streak = self.streaks.entry(name.clone()).or_insert(0);
-            *streak = if c.eligible() { streak.saturating_add(1) } else { 0 };
+            // A late round is no answer: the failback streak starts again.
+            *streak = if c.electable() { streak.saturating_add(1) } else { 0 };
             c.eligible_streak = *streak;
             candidates.push(c);
         }
         self.streaks.retain(|name, _| cluster.member(name).is_some());
+        self.timeouts.retain(|name, _| cluster.member(name).is_some());
+        self.answers.retain(|name, _| cluster.member(name).is_some());
 
         let current = self.publisher.current().primary;
         let failback_after = cluster.health.recover_successes;
@@ -168,14 +197,14 @@ impl Provider {
             .zip(candidates)
             .map(|(m, c)| {
                 let status = c.probe.as_ref().ok();
-                let reason = c.reason();
                 let role = if primary.as_deref() == Some(m.name.as_str()) {
                     Role::Primary
-                } else if reason.is_none() {
+                } else if c.eligible() {
                     Role::Replica
                 } else {
                     Role::Detached
                 };
+                let reason = c.reason().or_else(|| c.late.clone());
                 MemberView {
                     name: m.name.clone(),
                     addr: format!("{}:{}", m.host, m.port),
@@ -194,7 +223,13 @@ impl Provider {
                 "no Synced node in a Primary component: {}",
                 candidates
                     .iter()
-                    .map(|c| format!("{}: {}", c.name, c.reason().unwrap_or_else(|| "eligible".into())))
+                    .map(|c| format!(
+                        "{}: {}",
+                        c.name,
+                        c.reason()
+                            .or_else(|| c.late.clone())
+                            .unwrap_or_else(|| "eligible".into())
+                    ))
                     .collect::<Vec<_>>()
                     .join("; ")
             )),
@@ -238,7 +273,7 @@ impl Provider {
                     .iter()
                     .find(|c| c.name == name)
                     .ok_or_else(|| format!("{name} is not a member of cluster {}", cluster.name))?;
-                if let Some(why) = c.reason() {
+                if let Some(why) = c.reason().or_else(|| c.late.clone()) {
                     return Err(format!("{name} cannot take the writes: {why}"));
                 }
                 c.name.clone()
