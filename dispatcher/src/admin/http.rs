@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::debug;
 
+use crate::admin::metrics::SlotLabel;
 use crate::config;
 use crate::ctx::{constant_time_eq, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
@@ -390,12 +391,25 @@ async fn drain(State(state): State<AdminState>) -> Response {
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
+    let mut slots = Vec::new();
+    for g in &state.ctx.groups {
+        let (pool, views) = g.view();
+        slots.extend(views.into_iter().map(|s| {
+            let label = SlotLabel {
+                cluster: s.cluster,
+                role: pool.role,
+                member: s.backend,
+                slot: s.slot,
+            };
+            (label, s.pipeline)
+        }));
+    }
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.ctx.metrics.encode(),
+        state.ctx.metrics.encode_with_slots(slots),
     )
         .into_response()
 }

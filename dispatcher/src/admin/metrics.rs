@@ -36,6 +36,16 @@ pub struct MemberLabel {
     pub member: String,
 }
 
+/// One worker slot (indexes are unique across the slot groups).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotLabel {
+    pub cluster: String,
+    /// `write` or `read`, as the slot group's role in `/status`.
+    pub role: &'static str,
+    pub member: String,
+    pub slot: u32,
+}
+
 /// One probe factor of one member (`connect`, `ping`, `business`, `passive`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FactorLabel {
@@ -65,6 +75,8 @@ pub struct ClusterStateLabel {
 
 pub struct Metrics {
     pub registry: Registry,
+    /// Held while `/metrics` sets the per-slot series and encodes.
+    scrape: std::sync::Mutex<()>,
     /// Galera: 1 for the node writes go to, 0 for the other members.
     pub galera_writer: Family<MemberLabel, Gauge>,
     /// Group Replication: 1 for the group's PRIMARY that writes go to, 0 for the others.
@@ -123,6 +135,9 @@ pub struct PipelineMetrics {
     pub reclaimed: Counter,
     /// Requests a pipelining worker sent to its database behind an unanswered one (STARTED).
     pub started: Counter,
+    /// Requests written to each slot's worker and not ended, the one it runs included. Set
+    /// from the slot groups when `/metrics` is read ([`Metrics::encode_with_slots`]).
+    pub slot_depth: Family<SlotLabel, Gauge>,
 }
 
 fn register_pipeline_metrics(registry: &mut Registry) -> PipelineMetrics {
@@ -156,12 +171,19 @@ fn register_pipeline_metrics(registry: &mut Registry) -> PipelineMetrics {
         "Requests a worker sent to its database behind an unanswered one (MySQL protocol pipelining, STARTED)",
         started.clone(),
     );
+    let slot_depth = Family::<SlotLabel, Gauge>::default();
+    registry.register(
+        "pipeline_slot_depth",
+        "Requests written to one slot's worker and not ended, the one it runs included (as `pipeline` in /status)",
+        slot_depth.clone(),
+    );
     PipelineMetrics {
         ahead,
         depth,
         prefetched,
         reclaimed,
         started,
+        slot_depth,
     }
 }
 
@@ -432,6 +454,7 @@ impl Metrics {
         let pipeline = register_pipeline_metrics(&mut registry);
         Metrics {
             registry,
+            scrape: std::sync::Mutex::new(()),
             pipeline,
             reads,
             delay,
@@ -497,6 +520,19 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+
+    /// [`Metrics::encode`] with the per-slot series set to `slots` first: `(label, depth)`
+    /// of every slot now, so that a slot gone since the last read has no series left. The
+    /// lock keeps two reads from mixing their slots.
+    pub fn encode_with_slots(&self, slots: impl IntoIterator<Item = (SlotLabel, usize)>) -> String {
+        let _one_at_a_time = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        let family = &self.pipeline.slot_depth;
+        family.clear();
+        for (label, depth) in slots {
+            family.get_or_create(&label).set(depth as i64);
+        }
+        self.encode()
+    }
 }
 
 /// The gauges of the providers that follow the backend's own writer (galera,
@@ -515,4 +551,45 @@ fn register_writer_gauges(registry: &mut Registry) -> (Family<MemberLabel, Gauge
         group_primary.clone(),
     );
     (galera_writer, group_primary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(slot: u32, role: &'static str) -> SlotLabel {
+        SlotLabel {
+            cluster: "c".into(),
+            role,
+            member: "m1".into(),
+            slot,
+        }
+    }
+
+    #[test]
+    fn per_slot_depth_series_follow_the_slots_of_each_read() {
+        let m = Metrics::new();
+        let text = m.encode_with_slots([(slot(0, "write"), 3), (slot(1024, "read"), 0)]);
+        let series = |text: &str| {
+            text.lines()
+                .filter(|l| l.starts_with("osprey_pipeline_slot_depth{"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        let mut got = series(&text);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                r#"osprey_pipeline_slot_depth{cluster="c",role="read",member="m1",slot="1024"} 0"#,
+                r#"osprey_pipeline_slot_depth{cluster="c",role="write",member="m1",slot="0"} 3"#,
+            ]
+        );
+        // Slot 1024 is gone (a resize, a replica removed): so is its series.
+        let text = m.encode_with_slots([(slot(0, "write"), 1)]);
+        assert_eq!(
+            series(&text),
+            [r#"osprey_pipeline_slot_depth{cluster="c",role="write",member="m1",slot="0"} 1"#]
+        );
+    }
 }

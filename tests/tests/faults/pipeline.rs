@@ -26,6 +26,18 @@ async fn pipelines(d: &Dispatcher) -> Vec<u64> {
         .collect()
 }
 
+/// The slot's `osprey_pipeline_slot_depth` series, if `/metrics` has one.
+async fn slot_depth(d: &Dispatcher, slot: u64) -> Option<f64> {
+    let text = d.metrics().await.expect("metrics");
+    let want = format!("slot=\"{slot}\"}}");
+    text.lines()
+        .filter(|l| l.starts_with("osprey_pipeline_slot_depth{"))
+        .find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            name.ends_with(&want).then(|| value.parse().ok()).flatten()
+        })
+}
+
 async fn wait_pipeline(d: &Dispatcher, want: u64, limit: Duration) {
     wait_for(limit, &format!("a slot with {want} requests written to it"), || async {
         pipelines(d).await.contains(&want).then_some(())
@@ -154,7 +166,13 @@ async fn a_worker_killed_with_a_full_pipeline_loses_only_the_request_it_ran() {
     let behind: Vec<_> = (1..=3i64).map(|i| spawn(format!("SELECT {i}"))).collect();
     assert!(first.await.unwrap().is_ok(), "the first request");
     wait_pipeline(d, 4, Duration::from_secs(5)).await;
-    let pid = slots(d).await[0].pid.expect("worker pid");
+    let slot = slots(d).await[0].clone();
+    assert_eq!(
+        slot_depth(d, slot.slot).await,
+        Some(4.0),
+        "the slot's series in /metrics"
+    );
+    let pid = slot.pid.expect("worker pid");
     let t = Instant::now();
     kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
 
@@ -170,6 +188,7 @@ async fn a_worker_killed_with_a_full_pipeline_loses_only_the_request_it_ran() {
     }
     println!("the three behind it answered {} ms after the kill", ms(t));
     assert_closed_loop(&c, &[&client], 1).await;
+    assert_eq!(slot_depth(d, slot.slot).await, Some(0.0), "the refilled slot, idle");
 }
 
 /// A slow statement with requests written behind it: they are taken back within
