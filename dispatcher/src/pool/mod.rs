@@ -6,6 +6,7 @@ pub mod group;
 pub mod job;
 pub mod link;
 pub mod relay;
+pub mod stash;
 pub mod supervisor;
 pub mod wait_queue;
 

@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 use crate::client::streams::StreamGuard;
 use crate::ctx::Ctx;
 use crate::pool::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
+use crate::pool::stash::{next_frame, Stash};
 use crate::pool::{Next, Pool, SubmitError};
 
 pub type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
@@ -43,11 +44,6 @@ const WORKER_FATAL: &str = "worker reported a fatal database error";
 /// the requests it started from those it never did (see [`Relay::settle_ahead`]).
 const SETTLE_AFTER_KILL: Duration = Duration::from_secs(2);
 
-/// While a slow client holds a worker link with requests written behind its current one,
-/// the link reads on up to this many bytes of the worker's frames (kept for later, in
-/// order) to reach the worker's answers to reclaims, which follow the row batch it was
-/// writing (`pool.batch_bytes`, 256 KiB by default) and what the socket holds.
-const STASH_BYTES: usize = 1024 * 1024;
 /// Frames already read that the serving loop acts on before it looks at its timers and
 /// other waits again.
 const INLINE_FRAMES: usize = 32;
@@ -182,12 +178,8 @@ pub struct Relay {
     /// (kept when the dispatcher answers it without the worker, e.g. at a timeout).
     head_ws: Option<u32>,
     /// Frames of the worker's read while a slow client held the relay (see
-    /// [`Relay::side_work`]), to act on next, in order; their bytes (bounded by
-    /// [`STASH_BYTES`]); and whether the current request's END is among them (then all that
-    /// follows is kept in order too).
-    stash: VecDeque<Frame>,
-    stash_bytes: usize,
-    stash_ended: bool,
+    /// [`Relay::side_work`]): the worker's next frames.
+    stash: Stash,
     /// Frames queued for the worker and not flushed yet: while the worker's frames are at
     /// hand (buffered whole), the requests written at their ENDs go out together, in one
     /// write (see [`Relay::flush_soon`]).
@@ -230,9 +222,7 @@ impl Relay {
             hold,
             last_wstream: 0,
             head_ws: None,
-            stash: VecDeque::new(),
-            stash_bytes: 0,
-            stash_ended: false,
+            stash: Stash::default(),
             unflushed: false,
         }
     }
@@ -318,7 +308,7 @@ impl Relay {
         let mut never_ran = false;
         let mut closed = false;
         while let Some(ws) = at {
-            let frame = match tokio::time::timeout_at(until, self.reader.next()).await {
+            let frame = match tokio::time::timeout_at(until, next_frame(&mut self.stash, &mut self.reader)).await {
                 Ok(Some(Ok(frame))) => frame,
                 Ok(_) => {
                     closed = true;
@@ -460,15 +450,6 @@ impl Relay {
         let never = CancellationToken::new();
         let grace = self.grace();
         loop {
-            // What a wait for a slow client read from the worker, first.
-            if let Some(frame) = self.stash.pop_front() {
-                self.stash_bytes = self.stash_bytes.saturating_sub(frame.payload.len());
-                if self.stash.is_empty() {
-                    (self.stash_bytes, self.stash_ended) = (0, false);
-                }
-                self.on_frame(frame, current, drain, &mut quit_sent).await?;
-                continue;
-            }
             if self.unflushed && !self.frame_at_hand() {
                 // About to wait: whatever was queued for the worker goes out first.
                 self.flush().await?;
@@ -549,7 +530,10 @@ impl Relay {
                     }
                     self.ping().await?;
                 }
-                frame = self.reader.next() => {
+                // Frames a wait for a slow client read and kept come first, here, after
+                // the timers: a deadline that passed during that wait is a timeout even
+                // when the request's END is among them.
+                frame = next_frame(&mut self.stash, &mut self.reader) => {
                     self.received(frame, current, drain, &mut quit_sent).await?;
                     // The frames read with it are acted on here, up to a bound: going
                     // round this select! for each set up its timers and waits again,
@@ -1305,7 +1289,7 @@ impl Relay {
             .ahead
             .iter()
             .any(|a| !a.started && !matches!(a.state, AheadState::Waiting(..)));
-        let readable = answers_due && self.stash_bytes < STASH_BYTES;
+        let readable = answers_due && self.stash.has_room();
         tokio::select! {
             biased;
             _ = self.tick.tick() => self.ping().await,
@@ -1316,13 +1300,12 @@ impl Relay {
                 match frame {
                     // Before the current request's END only reclaim answers and STARTED can
                     // come for a request behind it.
-                    Some(Ok(f)) if !self.stash_ended && f.stream != 0 && Some(f.stream) != self.head_ws && self.ahead.iter().any(|a| a.wstream == f.stream) => {
+                    Some(Ok(f)) if !self.stash.holds_the_end() && f.stream != 0 && Some(f.stream) != self.head_ws && self.ahead.iter().any(|a| a.wstream == f.stream) => {
                         self.out_of_turn(f)
                     }
                     Some(Ok(f)) => {
-                        self.stash_ended |= f.kind == Kind::End && Some(f.stream) == self.head_ws;
-                        self.stash_bytes += f.payload.len() + osprey_protocol::HEADER_LEN;
-                        self.stash.push_back(f);
+                        let ends_current = f.kind == Kind::End && Some(f.stream) == self.head_ws;
+                        self.stash.push(f, ends_current);
                         Ok(())
                     }
                     None => Err(WORKER_CLOSED),

@@ -435,3 +435,74 @@ async fn a_worker_killed_with_statements_pipelined_loses_what_it_sent_and_nothin
     }
     assert_closed_loop(&c, &[&client], 1).await;
 }
+
+/// The frames a worker sent while the relay waited for a slow client's credit (read to reach
+/// the answers to its reclaims, and put aside) wait for the deadline too: a stream whose
+/// deadline passed while its data frame waited for credit ends with `REQUEST_TIMEOUT`,
+/// although its `END` was among the frames put aside. The relay once acted on those frames
+/// first, and ended the stream at that `END` as dropped rows (`CANCELLED`, outcome "ok").
+/// The request written behind it ran (the worker took it at that `END`, before the reclaim
+/// came): with the worker killed at the timeout it is lost, `dispatched`, as the pipeline
+/// rules say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_passed_waiting_for_credit_is_a_timeout_even_with_its_end_put_aside() {
+    let _serial = serial().await;
+    // The hold is shorter than the wait for credit: the request behind is taken back during
+    // it, and the frames read to reach the answer are put aside.
+    let c = cluster(
+        "[pool]\nsize = 1\npipeline_depth = 4\npipeline_hold_ms = 300\nmax_per_connection = 0\n\
+         [limits]\nclient_write_timeout_ms = 20000\n",
+    )
+    .await;
+    let d = &c.dispatcher;
+    // A window of one frame: COLUMNS spends it, the ROWS behind it waits.
+    let (mut raw, ack) = Raw::open_with_window(d.client_addr, &d.client_token, 1).await;
+    assert_eq!(ack.stream_window, 1);
+    // The worker is busy first, so that the next two queue; when it ends that one, its link
+    // takes the first and writes the second behind it.
+    raw.send(request(5, "DO SLEEP(0.5)")).await;
+    wait_pipeline(d, 1, Duration::from_secs(5)).await;
+    // A result small enough that the worker writes COLUMNS, ROWS and END in one write.
+    let mut first = osprey_protocol::Request::sql("SELECT seq FROM seq_1_to_3");
+    first.timeout_ms = 2000;
+    raw.send(Frame::new(Kind::Request, 1, &first)).await;
+    let t0 = Instant::now();
+    raw.send(request(3, "DO 3")).await;
+    let mut frames: std::collections::HashMap<u32, Vec<Frame>> = Default::default();
+    let ended = |f: &std::collections::HashMap<u32, Vec<Frame>>, s: u32| {
+        f.get(&s).and_then(|k| k.last()).is_some_and(|f| f.kind == Kind::End)
+    };
+    let mut timed_out_after = None;
+    while !(ended(&frames, 1) && ended(&frames, 3) && ended(&frames, 5)) {
+        match raw.next_data(Duration::from_secs(10)).await {
+            Got::Frame(f) => {
+                if f.stream == 1 && f.kind == Kind::Error {
+                    timed_out_after = Some(t0.elapsed());
+                }
+                frames.entry(f.stream).or_default().push(f);
+            }
+            Got::Closed => panic!("closed before the ENDs: {frames:?}"),
+        }
+    }
+    let kinds = |s: u32| frames[&s].iter().map(|f| f.kind).collect::<Vec<_>>();
+    let error = |s: u32| {
+        frames[&s]
+            .iter()
+            .find(|f| f.kind == Kind::Error)
+            .map(|f| f.body::<ErrorBody>().expect("ERROR body"))
+    };
+    assert_eq!(
+        kinds(1),
+        [Kind::Columns, Kind::Error, Kind::End],
+        "no credit was given for more"
+    );
+    let e = error(1).unwrap();
+    assert_eq!(e.code, ErrorCode::RequestTimeout, "{e:?}");
+    let after = timed_out_after.unwrap();
+    assert!(after >= Duration::from_millis(1900), "answered after {after:?}");
+    assert_eq!(error(5), None, "the request before it");
+    let e = error(3).expect("the request behind it ran on the worker killed at the timeout");
+    assert_eq!(e.code, ErrorCode::WorkerLost, "{e:?}");
+    assert!(e.dispatched, "{e:?}");
+    assert_eq!(metric(d, "osprey_requests_total{outcome=\"timeout\"}").await, 1.0);
+}
