@@ -513,7 +513,8 @@ impl Metrics {
         self.requests.get_or_create(&OutcomeLabel { outcome }).inc();
     }
 
-    /// OpenMetrics text exposition.
+    /// OpenMetrics text exposition. The per-slot series are as the last
+    /// [`Metrics::encode_with_slots`] (the `/metrics` handler) set them.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.

@@ -2,7 +2,8 @@
 //! rule is tested without a server.
 //!
 //! Rules:
-//! - A node is eligible when its probe answered, it is in a Primary component
+//! - A node is eligible when its probe answered (or its last answer is kept, below), it is
+//!   in a Primary component
 //!   (`wsrep_cluster_status = Primary`), Synced (`wsrep_local_state = 4`), `wsrep_ready = ON`,
 //!   and its monitor does not say Down. Anything else takes no requests (`detached`, with the
 //!   reason).
@@ -16,8 +17,9 @@
 //!   pulling them back and forth). Equal priorities never fail back. A writer chosen by a
 //!   switchover is pinned: it keeps the writes while eligible, whatever the priorities.
 //! - A probe that times out (a node slow to answer on a busy host, or hung, or a network that
-//!   eats packets) is not yet an answer: the node keeps its last status, and so its role,
-//!   until `fail_threshold` probes in a row have timed out (as ProxySQL's
+//!   eats packets) is not yet an answer: the node keeps its last status, and so its role
+//!   (writes, reads), until the `fail_threshold`-th probe in a row times out, so
+//!   `fail_threshold - 1` are borne (as ProxySQL's
 //!   `monitor_galera_healthcheck_max_timeout_count`). Such a node is *late*: it keeps the
 //!   writes if it has them, but is not given them (no election, failback or switchover on
 //!   a status that old). A refused or dropped connection, an error or a status that says
@@ -102,7 +104,7 @@ pub struct Candidate {
     pub probe: Result<NodeStatus, String>,
     /// The monitor says the member is Down.
     pub health_down: bool,
-    /// Rounds in a row this member was eligible (this one included).
+    /// Rounds in a row this member was electable (eligible and on time; this one included).
     pub eligible_streak: u32,
     /// This round's probe timed out and `probe` is the last answer, kept (see
     /// [`through_timeout`]): why, for the member's view.

@@ -17,11 +17,14 @@ use crate::cluster::view::{ClusterView, Command, MemberHealth, Role};
 const INTERVAL_MS: u64 = 200;
 /// Slack over one interval for a move: the round's own probe timeouts and a loaded machine.
 const MOVE_BUDGET: Duration = Duration::from_millis(INTERVAL_MS * 3);
-/// Probes in a row that may time out before a node is out.
-const FAIL_THRESHOLD: u32 = 3;
+/// The probe in a row that, timing out, takes a node out: 3 are borne, so that a loaded
+/// machine's slow probe (in a run of them: after a timeout the next probe connects again)
+/// moves nothing.
+const FAIL_THRESHOLD: u32 = 4;
 /// A hung writer: up to an interval to the first probe, `FAIL_THRESHOLD` timed-out probes
-/// an interval apart, and the slack of [`MOVE_BUDGET`].
-const HUNG_BUDGET: Duration = Duration::from_millis(INTERVAL_MS * (FAIL_THRESHOLD as u64 + 2));
+/// an interval apart, and one interval more than [`MOVE_BUDGET`]'s slack (ticks drift on a
+/// loaded machine).
+const HUNG_BUDGET: Duration = Duration::from_millis(INTERVAL_MS * (FAIL_THRESHOLD as u64 + 3));
 
 fn config(galera: &Galera, priorities: &[u32]) -> ClusterConfig {
     ClusterConfig {

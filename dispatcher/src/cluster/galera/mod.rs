@@ -5,11 +5,11 @@
 //! Every `health.interval_ms` the provider asks each member, on its own connection
 //! (monitor account, TCP, timeouts below the interval), for `wsrep_cluster_status`,
 //! `wsrep_local_state(_comment)`, `wsrep_local_index`, `wsrep_cluster_size` and
-//! `wsrep_ready`. The rules that pick the writer are in [`decide`]. When the writer stops
-//! answering, leaves the Primary component or stops being Synced, the first round that sees
-//! it moves `ClusterView.primary` (so within one interval of the event plus that round's
-//! timeout), bumps the epoch and logs a `followed` switch event. A probe that times out
-//! counts only once `fail_threshold` have in a row (the node may just be slow; see
+//! `wsrep_ready`. The rules that pick the writer are in [`decide`]. When the writer refuses
+//! or drops the connection, leaves the Primary component or stops being Synced, the first
+//! round that sees it moves `ClusterView.primary` (so within one interval of the event plus
+//! that round's timeout), bumps the epoch and logs a `followed` switch event. Probes that
+//! time out move it at the `fail_threshold`-th in a row (the node may just be slow; see
 //! [`decide`]). A member's monitor saying Down takes it out too, but the provider does not
 //! wait for the monitor's window.
 
@@ -69,7 +69,7 @@ struct Provider {
     cfg: watch::Receiver<Arc<ClusterConfig>>,
     health: HashMap<String, watch::Receiver<MemberHealth>>,
     conns: HashMap<String, MemberConn>,
-    /// Rounds in a row each member was eligible.
+    /// Rounds in a row each member was electable (eligible and on time).
     streaks: HashMap<String, u32>,
     /// Probes in a row that timed out, per member.
     timeouts: HashMap<String, u32>,
@@ -273,7 +273,9 @@ impl Provider {
                     .iter()
                     .find(|c| c.name == name)
                     .ok_or_else(|| format!("{name} is not a member of cluster {}", cluster.name))?;
-                if let Some(why) = c.reason().or_else(|| c.late.clone()) {
+                // The writer already (late or not): nothing to move, said below.
+                let writer = current.primary.as_deref() == Some(name);
+                if let Some(why) = c.reason().or_else(|| c.late.clone().filter(|_| !writer)) {
                     return Err(format!("{name} cannot take the writes: {why}"));
                 }
                 c.name.clone()
