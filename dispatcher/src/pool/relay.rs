@@ -1299,12 +1299,14 @@ impl Relay {
                 self.last_rx = TokioInstant::now();
                 match frame {
                     // Before the current request's END only reclaim answers and STARTED can
-                    // come for a request behind it.
-                    Some(Ok(f)) if !self.stash.holds_the_end() && f.stream != 0 && Some(f.stream) != self.head_ws && self.ahead.iter().any(|a| a.wstream == f.stream) => {
+                    // come for a request behind it. After it (read, or already acted on while
+                    // its own forward waits: no head), the worker may run the next, whose
+                    // answer is in turn: everything is kept, in order.
+                    Some(Ok(f)) if self.head_ws.is_some() && !self.stash.holds_the_end() && f.stream != 0 && Some(f.stream) != self.head_ws && self.ahead.iter().any(|a| a.wstream == f.stream) => {
                         self.out_of_turn(f)
                     }
                     Some(Ok(f)) => {
-                        let ends_current = f.kind == Kind::End && Some(f.stream) == self.head_ws;
+                        let ends_current = self.head_ws.is_none() || (f.kind == Kind::End && Some(f.stream) == self.head_ws);
                         self.stash.push(f, ends_current);
                         Ok(())
                     }

@@ -1,10 +1,12 @@
 //! The worker's frames a link read while a slow client held it (to reach the worker's
 //! answers to reclaims, see `Relay::side_work`), kept to act on in the order they came.
 //!
-//! They are the worker's next frames: every read of the link goes through [`next_frame`],
-//! which gives them before anything from the socket. So they are acted on exactly where
-//! the socket's frames would be: after the serving loop's timers (a deadline that passed
-//! meanwhile is a timeout, whatever `END` is among them), and before anything read later.
+//! They are the worker's next frames: every read that acts on the worker's frames goes
+//! through [`next_frame`], which gives them before anything from the socket (the serving
+//! loop's inline reads of buffered frames stop while any are kept; `side_work` only adds
+//! to the back). So they are acted on exactly where the socket's frames would be: after the
+//! serving loop's timers (a deadline that passed meanwhile is a timeout, whatever `END` is
+//! among them), and before anything read later.
 
 use std::collections::VecDeque;
 

@@ -506,3 +506,58 @@ async fn a_deadline_passed_waiting_for_credit_is_a_timeout_even_with_its_end_put
     assert!(e.dispatched, "{e:?}");
     assert_eq!(metric(d, "osprey_requests_total{outcome=\"timeout\"}").await, 1.0);
 }
+
+/// A request's `END` that waits for room towards a client that does not read, with requests
+/// of another client written behind it: the worker runs those as soon as it has sent that
+/// `END`, and their answers, read to reach the answers to the reclaims, are kept in order.
+/// The link once took them for frames out of turn and gave the worker up, and the requests
+/// that had run were answered `WORKER_LOST` although they had succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_behind_an_end_that_waits_for_a_client_keep_their_answers() {
+    let _serial = serial().await;
+    let c = cluster(
+        "[pool]\nsize = 2\npipeline_depth = 4\npipeline_hold_ms = 20\nmax_per_connection = 0\n\
+         [limits]\nclient_write_queue_bytes = 4096\nclient_write_timeout_ms = 3000\n",
+    )
+    .await;
+    let d = &c.dispatcher;
+    // A client that never reads: a large result fills its socket and its queue (that
+    // worker waits for it).
+    let (mut stuck, _) = Raw::open(d.client_addr, &d.client_token).await;
+    stuck
+        .send(request(1, "SELECT REPEAT('x', 2000) FROM seq_1_to_100000"))
+        .await;
+    wait_pipeline(d, 1, Duration::from_secs(5)).await;
+    let client = Arc::new(d.client().await.unwrap());
+    let spawn = |sql: String| {
+        let client = client.clone();
+        tokio::spawn(async move { client.query_first::<(i64,)>(sql, &[]).await })
+    };
+    let busy = spawn("SELECT SLEEP(0.5)".into());
+    wait_for(Duration::from_secs(5), "both workers busy", || async {
+        (pipelines(d).await.iter().filter(|p| **p >= 1).count() == 2).then_some(())
+    })
+    .await
+    .expect("busy");
+    // Its END waits for the client that does not read; whatever the turns between the two
+    // clients, requests of the other one are written behind it.
+    stuck.send(request(3, "DO 3")).await;
+    wait_for(Duration::from_secs(5), "its request queued", || async {
+        let s = d.status().await.ok()?;
+        (s["pool"]["queue_depth"].as_u64()? >= 1).then_some(())
+    })
+    .await
+    .expect("queued");
+    let behind: Vec<_> = (0..3i64).map(|i| spawn(format!("SELECT {i}"))).collect();
+    assert!(busy.await.unwrap().is_ok());
+    for (i, b) in behind.into_iter().enumerate() {
+        let got = b
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("request {i} behind it: {}", describe(&e)));
+        assert_eq!(got, Some((i as i64,)));
+    }
+    assert_eq!(metric(d, "osprey_requests_total{outcome=\"worker_lost\"}").await, 0.0);
+    drop(stuck);
+    assert_closed_loop(&c, &[&client], 2).await;
+}
