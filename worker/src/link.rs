@@ -556,13 +556,19 @@ impl Link {
 
     /// Runs `work` (a statement, a connect) while answering pings, acting on cancels and
     /// queueing other events for [`Link::next`].
+    ///
+    /// The dispatcher's frames come first: work that streams a large result is ready
+    /// again as soon as the dispatcher takes its bytes, and polled first it ran on for
+    /// megabytes before a reclaim or a cancel was even read (the answer to a reclaim must
+    /// follow the batch being written, within what the dispatcher reads to reach it). The
+    /// reader is bounded by the event queue, so it cannot starve the work.
     pub async fn drive<F: Future>(&mut self, out: &LinkOut, work: F) -> Result<F::Output, LinkEnd> {
         tokio::pin!(work);
         loop {
             tokio::select! {
                 biased;
-                done = &mut work => return Ok(done),
                 next = self.reader.next(), if self.events.len() < MAX_QUEUED_EVENTS => self.on_frame(next, out)?,
+                done = &mut work => return Ok(done),
                 res = out.flush(), if out.has_pending() => res?,
                 _ = &mut self.timer => self.on_timer(out)?,
             }

@@ -512,3 +512,40 @@ async fn no_pipelining_for_a_dispatcher_before_1_4() {
         assert_eq!(p.responses[s].rows[0], vec![vec![Value::Int(*s as i64)]]);
     }
 }
+
+/// A reclaim of a request queued behind one that streams a large result, to a dispatcher
+/// that takes every byte at once: the worker answers it within about a batch of rows (the
+/// dispatcher reads at most 1 MiB to reach that answer). Its serving loop once polled the
+/// statement first, which was ready again at every batch the dispatcher took: it ran on
+/// for megabytes before it read the reclaim.
+#[tokio::test]
+async fn a_reclaim_is_answered_while_a_large_result_streams() {
+    let sandbox = Sandbox::start(0).await.unwrap();
+    let (mut w, _ready) = start_worker(settings(&sandbox)).await;
+    let reqs = vec![
+        (1, Request::sql("SELECT REPEAT('x', 2000) FROM seq_1_to_100000")),
+        (3, Request::sql("SELECT 3")),
+    ];
+    w.send_all(&reqs).await;
+    let mut rows_after = None;
+    let answer = loop {
+        let f = w.next().await;
+        match (f.stream, f.kind) {
+            (1, Kind::Rows) if rows_after.is_none() => {
+                let reclaim = Cancel {
+                    reason: osprey_protocol::CANCEL_RECLAIM.into(),
+                };
+                w.send(Frame::new(Kind::Cancel, 3, &reclaim)).await;
+                rows_after = Some(0usize);
+            }
+            (1, Kind::Rows) => *rows_after.as_mut().unwrap() += f.payload.len(),
+            (1, Kind::Columns) => {}
+            (3, Kind::Error) => break f.body::<osprey_protocol::ErrorBody>().unwrap(),
+            _ => panic!("unexpected {f:?} before the reclaim's answer"),
+        }
+    };
+    assert!(!answer.dispatched, "{answer:?}");
+    let bytes = rows_after.unwrap();
+    println!("{bytes} bytes of rows came between the reclaim and its answer");
+    assert!(bytes < 1024 * 1024, "{bytes} bytes of rows before the reclaim's answer");
+}
