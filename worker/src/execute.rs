@@ -889,13 +889,24 @@ impl<'o> Emitter<'o> {
             return Err(ExecError::RowTooLarge(size));
         }
         if !self.rows.is_empty() && self.bytes + size > self.byte_limit() {
-            self.flush_rows(true).await?;
+            self.flush_batch().await?;
         }
         self.rows.push(row);
         self.bytes += size;
         if self.rows.len() >= self.limits.rows.max(1) || self.bytes >= self.byte_limit() {
-            self.flush_rows(true).await?;
+            self.flush_batch().await?;
         }
+        Ok(())
+    }
+
+    /// A full batch goes out; then the link gets its turn (`Link::drive` reads the
+    /// dispatcher's frames first). While both sockets take and give bytes the statement
+    /// is never pending, and ran on for megabytes, up to tokio's budget, before a reclaim
+    /// or a cancel was read: the dispatcher reads at most 1 MiB to reach a reclaim's
+    /// answer. One extra task poll per batch, for results of more than one batch only.
+    async fn flush_batch(&mut self) -> Result<(), LinkGone> {
+        self.flush_rows(true).await?;
+        tokio::task::yield_now().await;
         Ok(())
     }
 

@@ -560,8 +560,11 @@ impl Link {
     /// The dispatcher's frames come first: work that streams a large result is ready
     /// again as soon as the dispatcher takes its bytes, and polled first it ran on for
     /// megabytes before a reclaim or a cancel was even read (the answer to a reclaim must
-    /// follow the batch being written, within what the dispatcher reads to reach it). The
-    /// reader is bounded by the event queue, so it cannot starve the work.
+    /// follow the batch being written, within what the dispatcher reads to reach it; the
+    /// emitter yields after each batch, so that this poll comes). The reader cannot starve
+    /// the work: requests are bounded by the event queue, and the dispatcher's other
+    /// frames by what it sends (PINGs on its timer, one CANCEL per request, one reclaim
+    /// per request written ahead).
     pub async fn drive<F: Future>(&mut self, out: &LinkOut, work: F) -> Result<F::Output, LinkEnd> {
         tokio::pin!(work);
         loop {
