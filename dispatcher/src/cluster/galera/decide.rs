@@ -144,6 +144,11 @@ impl Candidate {
         }
     }
 
+    /// What its member view says: why it takes no requests, or why it is late.
+    pub fn note(&self) -> Option<String> {
+        self.reason().or_else(|| self.late.clone())
+    }
+
     pub fn eligible(&self) -> bool {
         self.reason().is_none()
     }

@@ -204,7 +204,7 @@ impl Provider {
                 } else {
                     Role::Detached
                 };
-                let reason = c.reason().or_else(|| c.late.clone());
+                let reason = c.note();
                 MemberView {
                     name: m.name.clone(),
                     addr: format!("{}:{}", m.host, m.port),
@@ -223,13 +223,7 @@ impl Provider {
                 "no Synced node in a Primary component: {}",
                 candidates
                     .iter()
-                    .map(|c| format!(
-                        "{}: {}",
-                        c.name,
-                        c.reason()
-                            .or_else(|| c.late.clone())
-                            .unwrap_or_else(|| "eligible".into())
-                    ))
+                    .map(|c| format!("{}: {}", c.name, c.note().unwrap_or_else(|| "eligible".into())))
                     .collect::<Vec<_>>()
                     .join("; ")
             )),
@@ -275,7 +269,7 @@ impl Provider {
                     .ok_or_else(|| format!("{name} is not a member of cluster {}", cluster.name))?;
                 // The writer already (late or not): nothing to move, said below.
                 let writer = current.primary.as_deref() == Some(name);
-                if let Some(why) = c.reason().or_else(|| c.late.clone().filter(|_| !writer)) {
+                if let Some(why) = if writer { c.reason() } else { c.note() } {
                     return Err(format!("{name} cannot take the writes: {why}"));
                 }
                 c.name.clone()
