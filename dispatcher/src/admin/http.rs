@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::debug;
 
-use crate::admin::metrics::SlotLabel;
+use crate::admin::metrics::{GroupLabel, SlotLabel};
 use crate::config;
 use crate::ctx::{constant_time_eq, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
@@ -392,8 +392,17 @@ async fn drain(State(state): State<AdminState>) -> Response {
 
 async fn metrics(State(state): State<AdminState>) -> Response {
     let mut slots = Vec::new();
+    let mut groups = Vec::new();
     for g in &state.ctx.groups {
         let (pool, views) = g.view();
+        groups.push((
+            GroupLabel {
+                cluster: pool.cluster.clone(),
+                role: pool.role,
+                member: pool.member.clone().unwrap_or_default(),
+            },
+            pool.longest_wait_ms as f64 / 1000.0,
+        ));
         slots.extend(views.into_iter().map(|s| {
             let label = SlotLabel {
                 cluster: s.cluster,
@@ -409,7 +418,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.ctx.metrics.encode_with_slots(slots),
+        state.ctx.metrics.encode_with_slots(slots, groups),
     )
         .into_response()
 }

@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 use crate::pool::SlotState;
 
@@ -44,6 +45,16 @@ pub struct SlotLabel {
     pub role: &'static str,
     pub member: String,
     pub slot: u32,
+}
+
+/// One slot group: the write slots of a cluster or the read slots of one member.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabel {
+    pub cluster: String,
+    /// `write` or `read`, as the slot group's role in `/status`.
+    pub role: &'static str,
+    /// The member its workers serve (empty before the cluster names one).
+    pub member: String,
 }
 
 /// One probe factor of one member (`connect`, `ping`, `business`, `passive`).
@@ -85,6 +96,9 @@ pub struct Metrics {
     pub latency: Histogram,
     pub queue_wait: Histogram,
     pub queue_depth: Gauge,
+    /// Per slot group, how long the request that has waited longest for a worker has
+    /// waited so far. Set when `/metrics` is read ([`Metrics::encode_with_slots`]).
+    pub queue_longest_wait: Family<GroupLabel, Gauge<f64, AtomicU64>>,
     pub slots: Family<StateLabel, Gauge>,
     pub respawns: Counter,
     pub recycles: Counter,
@@ -305,6 +319,7 @@ impl Metrics {
         let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 21));
         let queue_wait = Histogram::new(exponential_buckets(0.000_01, 2.0, 21));
         let queue_depth = Gauge::default();
+        let queue_longest_wait = Family::<GroupLabel, Gauge<f64, AtomicU64>>::default();
         let slots = Family::<StateLabel, Gauge>::default();
         let respawns = Counter::default();
         let recycles = Counter::default();
@@ -337,6 +352,11 @@ impl Metrics {
             queue_wait.clone(),
         );
         registry.register("queue_depth", "Requests waiting for a worker", queue_depth.clone());
+        registry.register(
+            "queue_longest_wait_seconds",
+            "Per slot group, how long the request waiting longest for a worker has waited so far (a starved connection shows here before its QUEUE_TIMEOUT)",
+            queue_longest_wait.clone(),
+        );
         registry.register("slots", "Worker slots by state", slots.clone());
         registry.register(
             "worker_respawns",
@@ -466,6 +486,7 @@ impl Metrics {
             latency,
             queue_wait,
             queue_depth,
+            queue_longest_wait,
             slots,
             respawns,
             recycles,
@@ -523,14 +544,24 @@ impl Metrics {
     }
 
     /// [`Metrics::encode`] with the per-slot series set to `slots` first: `(label, depth)`
-    /// of every slot now, so that a slot gone since the last read has no series left. The
+    /// of every slot now, so that a slot gone since the last read has no series left; and
+    /// likewise the per-group series to `groups`: `(label, longest wait in seconds)`. The
     /// lock keeps two reads from mixing their slots.
-    pub fn encode_with_slots(&self, slots: impl IntoIterator<Item = (SlotLabel, usize)>) -> String {
+    pub fn encode_with_slots(
+        &self,
+        slots: impl IntoIterator<Item = (SlotLabel, usize)>,
+        groups: impl IntoIterator<Item = (GroupLabel, f64)>,
+    ) -> String {
         let _one_at_a_time = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
         let family = &self.pipeline.slot_depth;
         family.clear();
         for (label, depth) in slots {
             family.get_or_create(&label).set(depth as i64);
+        }
+        let family = &self.queue_longest_wait;
+        family.clear();
+        for (label, wait) in groups {
+            family.get_or_create(&label).set(wait);
         }
         self.encode()
     }
@@ -570,7 +601,7 @@ mod tests {
     #[test]
     fn per_slot_depth_series_follow_the_slots_of_each_read() {
         let m = Metrics::new();
-        let text = m.encode_with_slots([(slot(0, "write"), 3), (slot(1024, "read"), 0)]);
+        let text = m.encode_with_slots([(slot(0, "write"), 3), (slot(1024, "read"), 0)], []);
         let series = |text: &str| {
             text.lines()
                 .filter(|l| l.starts_with("osprey_pipeline_slot_depth{"))
@@ -587,7 +618,7 @@ mod tests {
             ]
         );
         // Slot 1024 is gone (a resize, a replica removed): so is its series.
-        let text = m.encode_with_slots([(slot(0, "write"), 1)]);
+        let text = m.encode_with_slots([(slot(0, "write"), 1)], []);
         assert_eq!(
             series(&text),
             [r#"osprey_pipeline_slot_depth{cluster="c",role="write",member="m1",slot="0"} 1"#]

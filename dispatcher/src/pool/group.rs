@@ -211,6 +211,8 @@ pub struct PoolView {
     pub capped_connections: usize,
     /// Requests waiting in the longest connection queue.
     pub longest_connection_queue: usize,
+    /// How long the request waiting longest has waited so far, in ms (0: none waits).
+    pub longest_wait_ms: u64,
     /// Workers one connection may hold at once (0 = no cap).
     pub max_per_connection: usize,
     pub respawns: u64,
@@ -773,7 +775,13 @@ impl Pool {
         {
             return None;
         }
-        let (job, holder) = g.queue.pick()?;
+        // Nothing behind a request of a connection that was heavy lately while others
+        // wait: it may run long, and what waited behind it could not be taken back once
+        // the worker had sent it to its database (STARTED).
+        if slot.holder.is_some_and(|h| g.queue.holds_back(h.conn)) {
+            return None;
+        }
+        let (job, holder) = g.queue.pick_light()?;
         if let Some(slot) = g.slots.get_mut(&index) {
             slot.ahead.push_back(holder);
         }
@@ -1305,6 +1313,7 @@ impl Pool {
             waiting_connections: q.waiting_connections,
             capped_connections: q.capped_connections,
             longest_connection_queue: q.longest_connection_queue,
+            longest_wait_ms: q.longest_wait.as_millis() as u64,
             max_per_connection: q.max_per_connection,
             respawns: self.metrics.respawns.get(),
             recycles: self.metrics.recycles.get(),
@@ -1499,8 +1508,9 @@ mod tests {
         );
     }
 
-    /// One worker, three connections: A queued three jobs before B and C queued theirs;
-    /// the worker serves A, B, C, A, B, A, not A's three first.
+    /// One worker, three connections: A queued three jobs while its first ran, before B
+    /// and C queued theirs; the worker serves B, C (they held no worker: A did), then
+    /// A, B, A, A in turn, not A's three first.
     #[test]
     fn connections_are_served_in_turn() {
         let mut f = fixture(1, 3, &[], no_caps());
@@ -1513,12 +1523,13 @@ mod tests {
         f.submit(2, 1);
         assert_eq!(f.delivered().len(), 1);
         let order: Vec<_> = std::iter::from_fn(|| f.done(0)).collect();
-        assert_eq!(order, [(0, 2), (1, 1), (2, 1), (0, 3), (1, 2), (0, 4)]);
+        assert_eq!(order, [(1, 1), (2, 1), (0, 2), (1, 2), (0, 3), (0, 4)]);
         assert_eq!(f.pool.queue_depth(), 0);
     }
 
     /// Tokens take turns first: token 0 has two connections, token 1 one; token 1's
-    /// connection gets every other worker, not a third.
+    /// connection gets every other worker, not a third. (Token 1 and connection 1 go
+    /// first: they held no worker while connection 0's first job ran.)
     #[test]
     fn tokens_are_served_in_turn_then_their_connections() {
         let mut f = fixture(1, 3, &[0, 0, 1], no_caps());
@@ -1534,7 +1545,7 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| f.done(0)).collect();
         assert_eq!(
             order,
-            [(0, 1), (2, 1), (1, 1), (2, 2), (0, 2), (2, 3), (1, 2), (0, 3), (1, 3)]
+            [(2, 1), (1, 1), (2, 2), (0, 1), (2, 3), (1, 2), (0, 2), (1, 3), (0, 3)]
         );
     }
 
@@ -1589,12 +1600,12 @@ mod tests {
         }
         f.submit(1, 1);
         assert_eq!(f.delivered().len(), 1, "the one worker runs A's first");
-        // A holds one worker and may hold two: its second goes behind; then A is at its cap
-        // and B's job is next.
-        let a2 = f.pool.prefetch(0, gen).expect("A's second");
-        assert_eq!(f.name(&a2), (0, 2));
+        // B holds no worker: its job goes behind first. A holds one worker and may hold
+        // two: its second goes behind next; then A is at its cap.
         let b1 = f.pool.prefetch(0, gen).expect("B's first");
         assert_eq!(f.name(&b1), (1, 1));
+        let a2 = f.pool.prefetch(0, gen).expect("A's second");
+        assert_eq!(f.name(&a2), (0, 2));
         assert!(f.pool.prefetch(0, gen).is_none(), "A is at its cap, B has nothing more");
         assert_eq!(f.pool.view().1[0].pipeline, 3);
         assert_eq!(f.pool.outstanding(), Some(2 + 1 + 2), "queued + running + ahead");
@@ -1665,7 +1676,7 @@ mod tests {
     }
 
     /// A job given back by a link whose worker died goes ahead of its connection's
-    /// later jobs (and of nobody else's turn).
+    /// later jobs, and its connection first in line (its turn had come).
     #[test]
     fn requeued_job_goes_first_in_its_connection() {
         let mut f = fixture(1, 2, &[], no_caps());
@@ -1691,6 +1702,100 @@ mod tests {
         assert_eq!(f.name(&got[0].1), (0, 1));
         assert_eq!(f.done(0), Some((1, 1)));
         assert_eq!(f.done(0), Some((0, 2)));
+    }
+
+    /// Issue 20: four connections keep every worker busy with queued jobs behind; a
+    /// fifth that holds no worker gets the next one that comes free, whatever its place
+    /// in line, at each of its requests; and so does a job of it taken back from a
+    /// worker before it ran.
+    #[test]
+    fn a_connection_holding_no_worker_gets_the_next_free_one() {
+        let mut f = fixture(4, 5, &[], no_caps());
+        for s in 1..=8 {
+            for c in 0..4 {
+                f.submit(c, s);
+            }
+        }
+        let running = f.delivered();
+        assert_eq!(running.len(), 4);
+        for round in 0..4u32 {
+            f.submit(4, 100 + round);
+            // The flooders' workers come free in turn; the first one serves the newcomer.
+            let slot = running[round as usize].0;
+            assert_eq!(f.done(slot), Some((4, 100 + round)), "round {round}");
+            // Its job ends; the worker goes back to the flooders.
+            assert!(matches!(f.done(slot), Some((c, _)) if c < 4));
+        }
+        // Taken back from behind a busy worker: first again at the next free one.
+        f.submit(4, 200);
+        let gen = f.links[0].0;
+        let job = f.pool.prefetch(0, gen).expect("the newcomer's job goes behind");
+        assert_eq!(f.name(&job), (4, 200));
+        f.pool.unprefetch_at(0, gen, 0);
+        assert!(f.pool.requeue(job).is_ok());
+        assert_eq!(f.done(1), Some((4, 200)));
+    }
+
+    /// A connection in line behind others, whose worker comes free meanwhile, moves up
+    /// to the first class (it holds none now) without losing its later turn.
+    #[test]
+    fn a_connection_whose_worker_comes_free_moves_up() {
+        let mut f = fixture(2, 3, &[], no_caps());
+        f.submit(0, 1); // A runs
+        f.submit(1, 1); // B runs
+        f.submit(0, 2); // A waits, holding one: second class
+        f.submit(1, 2); // B too, behind A
+        f.submit(2, 1); // C holds none: first class
+        let running = f.delivered();
+        let slot_of = |conn: usize| running.iter().find(|(_, j)| f.name(j).0 == conn).unwrap().0;
+        let (a, b) = (slot_of(0), slot_of(1));
+        // B's worker ends: C first (it held none before B did); then B, which holds none
+        // now, ahead of A, which still does.
+        assert_eq!(f.done(b), Some((2, 1)));
+        assert_eq!(f.done(b), Some((1, 2)));
+        assert_eq!(f.done(a), Some((0, 2)));
+        assert_eq!(f.done(a), None);
+        assert_eq!(f.done(b), None);
+        assert_eq!(f.pool.queue_depth(), 0);
+    }
+
+    /// Issue 20: a connection whose last request held its worker for `HEAVY` gets nothing
+    /// written behind its requests, and its own are not written behind another's; it
+    /// keeps its turn for the next free worker.
+    #[test]
+    fn nothing_is_prefetched_behind_or_for_a_heavy_connection() {
+        let mut f = fixture(2, 2, &[], no_caps());
+        f.submit(0, 1);
+        let (a_slot, _) = f.delivered().pop().expect("A runs");
+        std::thread::sleep(crate::pool::wait_queue::HEAVY + Duration::from_millis(10));
+        assert_eq!(f.done(a_slot), None, "A's first held its worker past HEAVY");
+        f.submit(0, 2); // A runs again, on an idle worker
+        f.submit(1, 1); // B too
+        let running = f.delivered();
+        let slot_of = |conn: usize| running.iter().find(|(_, j)| f.name(j).0 == conn).unwrap().0;
+        let (a, b) = (slot_of(0), slot_of(1));
+        f.submit(0, 3); // A waits, first in line
+        f.submit(1, 2); // B waits behind it
+        assert!(
+            f.pool.prefetch(a, f.links[a as usize].0).is_none(),
+            "nothing behind A's request"
+        );
+        assert!(
+            f.pool.prefetch(b, f.links[b as usize].0).is_none(),
+            "A's request is not written behind B's"
+        );
+        assert_eq!(f.pool.queue_depth(), 2);
+        // B's worker comes free: B, light and holding none now, goes first; A, heavy,
+        // kept its place in the other class and is next.
+        assert_eq!(f.done(b), Some((1, 2)));
+        assert_eq!(f.done(a), Some((0, 3)));
+        // A's second was short: A is light again, and what waits may go behind its third.
+        f.submit(1, 3);
+        let ahead = f
+            .pool
+            .prefetch(a, f.links[a as usize].0)
+            .expect("B's third goes behind A's");
+        assert_eq!(f.name(&ahead), (1, 3));
     }
 
     #[test]

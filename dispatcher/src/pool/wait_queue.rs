@@ -6,6 +6,16 @@
 //! connection with a thousand slow streams cannot take the workers every other
 //! connection needs.
 //!
+//! Turns come in two classes ([`Turns`]): a connection that holds no worker when it is
+//! put in line, and whose last request held its worker for less than [`HEAVY`], is
+//! served before every other (a token: one that holds no worker). Round-robin alone put
+//! a newcomer behind each flooder in line: with four connections keeping every worker
+//! busy with slow statements, it waited for four of them to come free (0.6-1.7 s), and a
+//! request taken back from behind a slow one lost its place each time (issue 20). A
+//! client with one short request at a time holds none when it asks, so it gets the next
+//! free worker; connections that hold workers, or have just held one for long, share the
+//! rest in turn.
+//!
 //! Everything the hot path does here is O(1): a job is appended to its connection's
 //! queue, and taking one pops a ring entry or two. The wait queue lives inside the
 //! pool's lock (see `pool.rs`); it owns no workers, only the bookkeeping of who holds
@@ -13,7 +23,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::pool::job::Job;
 
@@ -38,6 +48,123 @@ impl Hasher for IdHasher {
 }
 
 type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// A request that held its worker this long makes its connection wait in the second
+/// class next time, even when it holds no worker then: a connection of slow statements
+/// that lost its last worker does not go ahead of one that asks for a moment.
+pub const HEAVY: Duration = Duration::from_millis(50);
+
+/// Keys waiting for their turn, in two FIFO classes: those that held no worker when they
+/// were put in line, then the others. An owner is in each class at most once (its
+/// [`InLine`] says where); an entry whose owner has nothing to serve any more is skipped
+/// when it comes up.
+struct Turns<K> {
+    first: VecDeque<K>,
+    rest: VecDeque<K>,
+}
+
+impl<K: Copy> Default for Turns<K> {
+    fn default() -> Turns<K> {
+        Turns {
+            first: VecDeque::new(),
+            rest: VecDeque::new(),
+        }
+    }
+}
+
+impl<K: Copy> Turns<K> {
+    /// Puts `key` in line, in the `first` class or the other, unless `line` says it is
+    /// there already; one for the first class joins it even when it waits in the other
+    /// (its worker came free since). Returns whether it was added.
+    fn push(&mut self, key: K, line: &mut InLine, first: bool) -> bool {
+        if first && !line.first {
+            line.first = true;
+            self.first.push_back(key);
+            true
+        } else if !first && !line.first && !line.rest {
+            line.rest = true;
+            self.rest.push_back(key);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Puts `key` first in its class (moved there if it waits further back in it): a job
+    /// taken back from a worker, through no fault of its owner, keeps the turn it had.
+    /// O(keys in line) to find it: on the path of a lost worker or a taken-back request
+    /// only.
+    fn push_front(&mut self, key: K, line: &mut InLine, first: bool)
+    where
+        K: PartialEq,
+    {
+        let (class, there) = if first || line.first {
+            (&mut self.first, &mut line.first)
+        } else {
+            (&mut self.rest, &mut line.rest)
+        };
+        if *there {
+            if let Some(at) = class.iter().position(|k| *k == key) {
+                class.remove(at);
+            }
+        }
+        *there = true;
+        class.push_front(key);
+    }
+
+    /// The next key; the caller clears the class it came from in its [`InLine`]. The
+    /// second class is served only when the first is empty, so a key taken from it is
+    /// never in the first one too.
+    fn pop(&mut self) -> Option<(K, bool)> {
+        if let Some(k) = self.first.pop_front() {
+            return Some((k, true));
+        }
+        self.rest.pop_front().map(|k| (k, false))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_empty() && self.rest.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.first.len() + self.rest.len()
+    }
+
+    fn clear(&mut self) {
+        self.first.clear();
+        self.rest.clear();
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.first.retain(&mut keep);
+        self.rest.retain(&mut keep);
+    }
+}
+
+/// Where an owner waits in its [`Turns`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct InLine {
+    first: bool,
+    rest: bool,
+}
+
+impl InLine {
+    fn any(self) -> bool {
+        self.first || self.rest
+    }
+
+    fn count(self) -> usize {
+        usize::from(self.first) + usize::from(self.rest)
+    }
+
+    fn left(&mut self, first: bool) {
+        if first {
+            self.first = false;
+        } else {
+            self.rest = false;
+        }
+    }
+}
 
 /// Bounds and caps of the wait queue (`[pool]` keys in docs/CONFIG.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,11 +202,12 @@ pub fn default_connection_cap(size: usize) -> usize {
     size.saturating_sub(size.div_ceil(4)).max(1)
 }
 
-/// Who holds a busy worker: the connection (and its token) whose job it runs.
+/// Who holds a busy worker: the connection (and its token) whose job it runs, since when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     pub conn: u64,
     pub tenant: u32,
+    pub since: Instant,
 }
 
 /// Why a job could not join the queue.
@@ -98,18 +226,26 @@ struct ConnQueue {
     bytes: usize,
     /// Workers running this connection's jobs.
     held: usize,
-    /// In its tenant's ring (at most once).
-    in_ring: bool,
+    /// Where it waits in its tenant's turns.
+    line: InLine,
+    /// Its last request that ended held a worker for [`HEAVY`] or longer.
+    heavy: bool,
 }
 
 impl ConnQueue {
+    /// Whether it goes in line in the first class (see the module's doc).
+    fn first_class(&self) -> bool {
+        self.held == 0 && !self.heavy
+    }
+
     fn new(tenant: u32) -> ConnQueue {
         ConnQueue {
             tenant,
             jobs: VecDeque::new(),
             bytes: 0,
             held: 0,
-            in_ring: false,
+            line: InLine::default(),
+            heavy: false,
         }
     }
 }
@@ -119,13 +255,13 @@ struct Tenant {
     /// Connections that had a job to serve when they were put here, served in turn.
     /// An entry whose connection closed or has nothing to serve any more is skipped
     /// when it comes up ("stale").
-    ring: VecDeque<u64>,
+    ring: Turns<u64>,
     /// Entries of `ring` whose connection closed; the ring is compacted when they are
     /// the larger part.
     closed: usize,
     held: usize,
-    /// In the queue's ring of tenants (at most once).
-    in_ring: bool,
+    /// Where it waits in the queue's turns of tenants.
+    line: InLine,
 }
 
 /// Figures for the admin view.
@@ -140,6 +276,8 @@ pub struct QueueFigures {
     pub capped_connections: usize,
     /// Jobs waiting in the longest connection queue.
     pub longest_connection_queue: usize,
+    /// How long the job that has waited longest has waited so far (zero: none waits).
+    pub longest_wait: Duration,
     /// The per-connection cap in force (0 = none).
     pub max_per_connection: usize,
 }
@@ -154,7 +292,7 @@ pub struct WaitQueue {
     /// Indexed by tenant (the index of the client token in `auth.client_tokens`).
     tenants: Vec<Tenant>,
     /// Tenants with a connection to serve, in turn.
-    ring: VecDeque<u32>,
+    ring: Turns<u32>,
     /// (queue deadline, connection) of waiting jobs, oldest first: the reaper's index.
     /// A job that left the queue otherwise leaves its entry behind until it is due or
     /// the index is rebuilt (it is bounded: see [`WaitQueue::push_back`]).
@@ -181,7 +319,7 @@ impl WaitQueue {
             conns: IdMap::default(),
             // Tenant 0 always exists: connections never registered count as it.
             tenants: vec![Tenant::default()],
-            ring: VecDeque::new(),
+            ring: Turns::default(),
             timeline: VecDeque::new(),
             jobs: 0,
             bytes: 0,
@@ -203,7 +341,7 @@ impl WaitQueue {
         let ids: Vec<u64> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.jobs.is_empty() && !c.in_ring)
+            .filter(|(_, c)| !c.jobs.is_empty() && !c.line.any())
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
@@ -248,7 +386,11 @@ impl WaitQueue {
             return None;
         }
         let tenant = c.tenant;
-        (self.tenants[tenant as usize].held < token_cap).then_some(Holder { conn, tenant })
+        (self.tenants[tenant as usize].held < token_cap).then(|| Holder {
+            conn,
+            tenant,
+            since: Instant::now(),
+        })
     }
 
     /// A worker took a job of `h`.
@@ -267,11 +409,10 @@ impl WaitQueue {
         t.held = t.held.saturating_sub(1);
         if let Some(c) = self.conns.get_mut(&h.conn) {
             c.held = c.held.saturating_sub(1);
-            if !c.in_ring && !c.jobs.is_empty() && c.held < self.conn_cap {
-                c.in_ring = true;
-                self.tenants[h.tenant as usize].ring.push_back(h.conn);
-            }
+            c.heavy = h.since.elapsed() >= HEAVY;
         }
+        // Back in line if it waits, or in the first class if it holds no worker now.
+        self.ring_conn(h.conn);
         self.ring_tenant(h.tenant);
         !self.ring.is_empty()
     }
@@ -293,16 +434,13 @@ impl WaitQueue {
         let first = c.jobs.is_empty();
         c.jobs.push_back(job);
         c.bytes += size;
-        // Into its tenant's ring now that it has a job, unless it is there or capped.
-        let ring = !c.in_ring && c.held < conn_cap;
-        c.in_ring |= ring;
-        let ring = ring.then_some(c.tenant);
+        // In line now that it has a job, unless it is there or capped.
+        let ring = first && !c.line.any() && c.held < conn_cap;
         self.jobs += 1;
         self.bytes += size;
         self.waiting_conns += usize::from(first);
-        if let Some(t) = ring {
-            self.tenant(t).ring.push_back(id);
-            self.ring_tenant(t);
+        if ring {
+            self.ring_conn(id);
         }
         self.timeline.push_back((deadline, id));
         // Entries of jobs that were served meanwhile pile up at high rates: rebuild the
@@ -329,26 +467,64 @@ impl WaitQueue {
         self.waiting_conns += usize::from(first);
         let at = self.timeline.partition_point(|(d, _)| *d <= deadline);
         self.timeline.insert(at, (deadline, id));
-        self.ring_conn(id);
+        // First in line, as it was when a worker took it.
+        let conn_cap = self.conn_cap;
+        let c = self.conn(id);
+        if c.held < conn_cap {
+            let (t, first) = (c.tenant, c.first_class());
+            self.tenant(t);
+            let Some(c) = self.conns.get_mut(&id) else { return };
+            self.tenants[t as usize].ring.push_front(id, &mut c.line, first);
+            self.ring_tenant(t);
+        }
     }
 
     /// The next job to serve, round-robin over tokens, then over each token's
     /// connections, skipping those at their cap; its holder is charged.
     pub fn pick(&mut self) -> Option<(Job, Holder)> {
-        while let Some(t) = self.ring.pop_front() {
+        self.pick_where(false)
+    }
+
+    /// [`WaitQueue::pick`] for a worker that is busy (prefetch): None when the connection
+    /// whose turn it is was heavy lately and another connection has a job waiting; it
+    /// keeps its turn. Its request may run long: written behind another, it could not be
+    /// taken back once the worker had sent it to its database, and whoever comes next
+    /// would wait for it (issue 20).
+    pub fn pick_light(&mut self) -> Option<(Job, Holder)> {
+        self.pick_where(true)
+    }
+
+    /// Whether nothing may be written behind a request of `conn` now: its last request
+    /// that ended held its worker for [`HEAVY`] or longer, and another connection has a
+    /// job waiting (which would wait behind it). A connection alone in the queue may
+    /// still pipeline its own requests.
+    pub fn holds_back(&self, conn: u64) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.heavy && self.waiting_conns > usize::from(!c.jobs.is_empty()))
+    }
+
+    fn pick_where(&mut self, light_only: bool) -> Option<(Job, Holder)> {
+        while let Some((t, tenant_first)) = self.ring.pop() {
             let tenant = &mut self.tenants[t as usize];
-            tenant.in_ring = false;
+            tenant.line.left(tenant_first);
             if tenant.held >= self.token_cap {
-                continue; // back in the ring when one of its workers is free
+                continue; // back in line when one of its workers is free
             }
-            while let Some(id) = tenant.ring.pop_front() {
+            while let Some((id, first)) = tenant.ring.pop() {
                 let Some(c) = self.conns.get_mut(&id) else {
                     tenant.closed = tenant.closed.saturating_sub(1);
                     continue;
                 };
-                c.in_ring = false;
+                c.line.left(first);
                 if c.held >= self.conn_cap {
-                    continue; // back in the ring when one of its workers is free
+                    continue; // back in line when one of its workers is free
+                }
+                if light_only && c.heavy && !c.jobs.is_empty() && self.waiting_conns > 1 {
+                    // Not for a busy worker: it keeps its turn, and so does its tenant.
+                    tenant.ring.push_front(id, &mut c.line, first);
+                    self.ring.push_front(t, &mut tenant.line, tenant_first);
+                    return None;
                 }
                 let Some(job) = c.jobs.pop_front() else { continue };
                 let size = job.frame.payload.len();
@@ -356,15 +532,23 @@ impl WaitQueue {
                 c.held += 1;
                 let more = !c.jobs.is_empty();
                 if more && c.held < self.conn_cap {
-                    c.in_ring = true;
-                    tenant.ring.push_back(id);
+                    // It holds a worker now: behind those that hold none.
+                    tenant.ring.push(id, &mut c.line, false);
                 }
                 tenant.held += 1;
                 self.jobs -= 1;
                 self.bytes -= size;
                 self.waiting_conns -= usize::from(!more);
                 self.ring_tenant(t);
-                return Some((job, Holder { conn: id, tenant: t }));
+                let since = Instant::now();
+                return Some((
+                    job,
+                    Holder {
+                        conn: id,
+                        tenant: t,
+                        since,
+                    },
+                ));
             }
         }
         None
@@ -397,10 +581,10 @@ impl WaitQueue {
         self.jobs -= c.jobs.len();
         self.bytes -= c.bytes;
         self.waiting_conns -= usize::from(!c.jobs.is_empty());
-        if c.in_ring {
+        if c.line.any() {
             let conns = &self.conns;
             let t = &mut self.tenants[c.tenant as usize];
-            t.closed += 1;
+            t.closed += c.line.count();
             if t.closed > 16 && 2 * t.closed > t.ring.len() {
                 t.ring.retain(|id| conns.contains_key(id));
                 t.closed = 0;
@@ -443,12 +627,12 @@ impl WaitQueue {
         for c in self.conns.values_mut() {
             all.extend(c.jobs.drain(..));
             c.bytes = 0;
-            c.in_ring = false;
+            c.line = InLine::default();
         }
         for t in &mut self.tenants {
             t.ring.clear();
             t.closed = 0;
-            t.in_ring = false;
+            t.line = InLine::default();
         }
         self.ring.clear();
         self.timeline.clear();
@@ -474,10 +658,14 @@ impl WaitQueue {
 
     pub fn figures(&self) -> QueueFigures {
         let waiting = self.conns.values().filter(|c| !c.jobs.is_empty());
-        let (mut capped, mut longest) = (0, 0);
+        let (mut capped, mut longest, mut oldest) = (0, 0, None::<Instant>);
         for c in waiting {
             capped += usize::from(c.held >= self.conn_cap || self.tenants[c.tenant as usize].held >= self.token_cap);
             longest = longest.max(c.jobs.len());
+            // A connection's queue is in admission order: its front waited longest.
+            if let Some(j) = c.jobs.front() {
+                oldest = Some(oldest.map_or(j.received, |o| o.min(j.received)));
+            }
         }
         QueueFigures {
             jobs: self.jobs,
@@ -485,31 +673,35 @@ impl WaitQueue {
             waiting_connections: self.waiting_conns,
             capped_connections: capped,
             longest_connection_queue: longest,
+            longest_wait: oldest.map_or(Duration::ZERO, |o| o.elapsed()),
             max_per_connection: if self.conn_cap == usize::MAX { 0 } else { self.conn_cap },
         }
     }
 
-    /// Puts `id` in its tenant's ring if it has a job it may run now.
+    /// Puts `id` in its tenant's line if it has a job it may run now (in the first
+    /// class if it holds no worker).
     fn ring_conn(&mut self, id: u64) {
         let Some(c) = self.conns.get_mut(&id) else { return };
-        if c.in_ring || c.jobs.is_empty() || c.held >= self.conn_cap {
+        if c.jobs.is_empty() || c.held >= self.conn_cap {
             return;
         }
-        c.in_ring = true;
-        let t = c.tenant;
-        self.tenant(t).ring.push_back(id);
-        self.ring_tenant(t);
+        let (t, first) = (c.tenant, c.first_class());
+        let tenant = &mut self.tenants[t as usize];
+        if tenant.ring.push(id, &mut c.line, first) {
+            self.ring_tenant(t);
+        }
     }
 
-    /// Puts tenant `t` in the ring if it has connections to serve and is under its cap.
+    /// Puts tenant `t` in line if it has connections to serve and is under its cap (in
+    /// the first class if it holds no worker).
     fn ring_tenant(&mut self, t: u32) {
-        let token_cap = self.token_cap;
-        let tenant = self.tenant(t);
-        if tenant.in_ring || tenant.ring.is_empty() || tenant.held >= token_cap {
+        self.tenant(t);
+        let tenant = &mut self.tenants[t as usize];
+        if tenant.ring.is_empty() || tenant.held >= self.token_cap {
             return;
         }
-        tenant.in_ring = true;
-        self.ring.push_back(t);
+        let holds_none = tenant.held == 0;
+        self.ring.push(t, &mut tenant.line, holds_none);
     }
 
     fn rebuild_timeline(&mut self) {

@@ -11,7 +11,7 @@ use osprey_protocol::{Cancel, ErrorBody, Frame, Kind};
 use osprey_tests::harness::wait_for;
 
 use crate::raw::{request, Raw};
-use crate::{assert_closed_loop, cluster, describe, serial};
+use crate::{assert_closed_loop, cluster, describe, metric, serial};
 
 /// Streams of the abusive connection: the whole of the default per-connection stream cap.
 const ABUSIVE_STREAMS: u32 = 1024;
@@ -38,6 +38,12 @@ async fn sample(client: &Client, phase: Duration) -> Vec<Duration> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     lat
+}
+
+fn p50(lat: &[Duration]) -> Duration {
+    let mut v = lat.to_vec();
+    v.sort();
+    v[v.len() / 2]
 }
 
 fn p99(lat: &[Duration]) -> Duration {
@@ -149,4 +155,193 @@ async fn one_connection_cannot_starve_another() {
     );
     drop(wr);
     assert_closed_loop(&c, &[&client], 4).await;
+}
+
+/// Connections that flood the pool in issue 20's scene.
+const FLOODERS: usize = 4;
+/// Streams each flooder writes at once: enough to keep the four workers busy for the
+/// whole scene (64 x 4 x ~0.7 s / 4 workers, about 45 s).
+const FLOOD_STREAMS: u32 = 64;
+
+/// How soon after the newcomer sent a query a flooder's END counts as a worker it could
+/// have had (see the measure in [`flooders_cannot_starve_a_newcomer`]).
+const IN_LINE: Duration = Duration::from_millis(20);
+
+/// The flooders' statements last 0.5 to 0.9 s, so that the workers come free at
+/// different moments (with one length for all they would all end together).
+fn flood_sql(stream: u32) -> String {
+    format!("SELECT SLEEP(0.{})", 5 + stream % 5)
+}
+
+/// Issue 20, item 1: four connections each write 64 slow statements at once; once each
+/// has had a worker, a fifth one sends `SELECT 1` after `SELECT 1` for 6 s. Every worker
+/// stays busy with a flooder's statement, so the newcomer must wait for one to come free;
+/// what it must not do is wait behind the flooders' queued requests, or behind requests
+/// prefetched onto the worker it should have had. Each of its queries is answered within
+/// 50 ms of the first flooder's END after it was sent (an END frees a worker), p99 over
+/// the scene.
+async fn flooders_cannot_starve_a_newcomer(depth: u32) {
+    let _serial = serial().await;
+    // The flooders' requests wait longer than the scene: none may time out meanwhile.
+    let c = cluster(&format!(
+        "[pool]\npipeline_depth = {depth}\nqueue_timeout_ms = 120000\n"
+    ))
+    .await;
+    let d = &c.dispatcher;
+    let client = d.client().await.unwrap();
+    client.query("SELECT 1", &[]).await.unwrap();
+
+    let t0 = Instant::now();
+    // Flooders that have had an END: the scene is measured once every one has held a
+    // worker (before that, a flooder that never had one is as entitled to the next free
+    // worker as the newcomer).
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    for _ in 0..FLOODERS {
+        let (raw, _) = Raw::open(d.client_addr, &d.client_token).await;
+        let Raw { mut rd, mut wr } = raw;
+        // Each reader keeps when every END came (a worker came free then) and how each
+        // stream ended.
+        let served = served.clone();
+        readers.push(tokio::spawn(async move {
+            let mut ends: Vec<Duration> = Vec::new();
+            let mut ended: HashMap<u32, Option<ErrorCode>> = HashMap::new();
+            let mut errors: HashMap<u32, ErrorCode> = HashMap::new();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while ended.len() < FLOOD_STREAMS as usize {
+                let frame = match tokio::time::timeout_at(deadline, rd.next()).await {
+                    Ok(Some(Ok(f))) => f,
+                    other => panic!("flooder: {} streams ended, then {other:?}", ended.len()),
+                };
+                match frame.kind {
+                    Kind::Error if frame.stream != 0 => {
+                        let body: ErrorBody = frame.body().expect("ERROR body");
+                        errors.insert(frame.stream, body.code);
+                    }
+                    Kind::End => {
+                        if ends.is_empty() {
+                            served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        ends.push(t0.elapsed());
+                        let code = errors.remove(&frame.stream);
+                        assert!(
+                            ended.insert(frame.stream, code).is_none(),
+                            "two ENDs on {}",
+                            frame.stream
+                        );
+                    }
+                    Kind::Error => panic!("connection error on a flooder: {frame:?}"),
+                    _ => {}
+                }
+            }
+            (ends, ended)
+        }));
+        for stream in 1..=FLOOD_STREAMS {
+            wr.feed(request(stream, &flood_sql(stream))).await.unwrap();
+        }
+        SinkExt::<Frame>::flush(&mut wr).await.unwrap();
+        writers.push(wr);
+    }
+    wait_for(Duration::from_secs(10), "every flooder served once", || async {
+        (served.load(std::sync::atomic::Ordering::Relaxed) == FLOODERS).then_some(())
+    })
+    .await
+    .unwrap();
+    let s = d.status().await.unwrap();
+    assert_eq!(s["pool"]["busy"], 4, "every worker busy with a flooder: {}", s["pool"]);
+
+    // The newcomer: one query at a time for 6 s, each bounded (a starved one fails fast).
+    let mut sent: Vec<(Duration, Duration)> = Vec::new();
+    let scene = Instant::now();
+    while scene.elapsed() < Duration::from_secs(6) {
+        let at = t0.elapsed();
+        match tokio::time::timeout(Duration::from_secs(6), client.query("SELECT 1", &[])).await {
+            Ok(Ok(_)) => sent.push((at, t0.elapsed())),
+            Ok(Err(e)) => panic!("the newcomer failed after {} queries: {}", sent.len(), describe(&e)),
+            Err(_) => panic!("the newcomer waited 6 s for SELECT 1 after {} queries", sent.len()),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let waits_metric = metric(
+        d,
+        "osprey_queue_longest_wait_seconds{cluster=\"default\",role=\"write\",member=\"primary\"}",
+    )
+    .await;
+
+    // The flooders end: CANCEL every stream, then each has its END.
+    for wr in &mut writers {
+        for stream in 1..=FLOOD_STREAMS {
+            let cancel = Frame::new(Kind::Cancel, stream, &Cancel { reason: "test".into() });
+            wr.feed(cancel).await.unwrap();
+        }
+        SinkExt::<Frame>::flush(wr).await.unwrap();
+    }
+    let mut ends = Vec::new();
+    for r in readers {
+        let (e, ended) = r.await.unwrap();
+        assert!(
+            ended
+                .values()
+                .all(|c| matches!(c, None | Some(ErrorCode::Cancelled | ErrorCode::QueueTimeout))),
+            "flood streams ended with {ended:?}"
+        );
+        ends.extend(e);
+    }
+    ends.sort();
+
+    // For each query: how long after the first worker came free it was answered, and how
+    // many workers came free for the flooders meanwhile. A worker is taken as free for
+    // it from the first flooder END read [`IN_LINE`] after it was sent: an END read
+    // sooner may have left its worker before the query was in line.
+    let mut added: Vec<Duration> = Vec::new();
+    let mut total: Vec<Duration> = Vec::new();
+    let mut passed_over = 0;
+    for &(at, done) in &sent {
+        let free = ends.iter().copied().find(|e| *e >= at + IN_LINE).unwrap_or(at);
+        added.push(done.saturating_sub(free.max(at)));
+        total.push(done - at);
+        passed_over += ends
+            .iter()
+            .filter(|e| **e >= at + IN_LINE && **e + IN_LINE < done)
+            .count();
+        if done.saturating_sub(free.max(at)) > Duration::from_millis(50) {
+            let near: Vec<_> = ends
+                .iter()
+                .filter(|e| **e + Duration::from_millis(50) >= at && **e <= done + Duration::from_millis(10))
+                .collect();
+            println!("slow: sent {at:?}, answered {done:?}; flooder ENDs then: {near:?}");
+        }
+    }
+    println!(
+        "newcomer beside {FLOODERS} flooders at depth {depth}: {} queries, wait p50 {:?} max {:?}; \
+         after the first free worker p50 {:?} p99 {:?} max {:?}; workers that came free for \
+         flooders while it waited: {passed_over}; longest-wait gauge {waits_metric}",
+        sent.len(),
+        p50(&total),
+        total.iter().max().unwrap(),
+        p50(&added),
+        p99(&added),
+        added.iter().max().unwrap(),
+    );
+    assert!(sent.len() >= 5, "only {} queries in 6 s", sent.len());
+    // The flooders' requests had waited for seconds when it was read: the gauge says so.
+    assert!(waits_metric >= 1.0, "osprey_queue_longest_wait_seconds {waits_metric}");
+    assert!(
+        p99(&added) <= Duration::from_millis(50),
+        "p99 wait after the first free worker {:?} (all: {added:?})",
+        p99(&added)
+    );
+    drop(writers);
+    assert_closed_loop(&c, &[&client], 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flooders_cannot_starve_a_newcomer_with_prefetch() {
+    flooders_cannot_starve_a_newcomer(8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flooders_cannot_starve_a_newcomer_one_at_a_time() {
+    flooders_cannot_starve_a_newcomer(1).await;
 }
