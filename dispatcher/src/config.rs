@@ -707,12 +707,17 @@ impl Config {
     }
 
     /// The most slots this config can run at once (fixed size, or the elastic maximum,
-    /// for each cluster's write slots): what the file-descriptor reserve is sized for.
+    /// for each cluster's write slots, and the read slots). The file-descriptor reserve
+    /// is sized for at least 64 write slots per cluster beside the read slots (`fds.rs`).
     pub fn max_pool_size(&self) -> usize {
-        self.initial_pool_size()
-            .max(self.pool.max.unwrap_or(0))
+        self.max_write_slots()
             .saturating_mul(self.slot_groups())
             .saturating_add(self.max_read_slots())
+    }
+
+    /// The most write slots of one cluster at once (fixed size, or the elastic maximum).
+    pub fn max_write_slots(&self) -> usize {
+        self.initial_pool_size().max(self.pool.max.unwrap_or(0))
     }
 
     /// Read slots per replica (`pool.replica_size`, default `pool.size`).

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! reserve                        = FIXED_MARGIN + admin.max_connections
-//!                                  + PER_SLOT * max(MIN_RESERVED_SLOTS, pool.size, pool.max)
+//!                                  + PER_SLOT * (max(MIN_RESERVED_SLOTS, pool.size, pool.max) * clusters
+//!                                                + read slots)
 //! default max_client_connections = RLIMIT_NOFILE - reserve
 //! ```
 
@@ -28,8 +29,9 @@ pub const FIXED_MARGIN: usize = 64;
 /// what a spawn holds for a moment (the exec-error pipe, the stdin pipe, /dev/null),
 /// with room to spare. Measured: 2 per running worker (`docs/OPERATIONS.md`).
 pub const PER_SLOT: usize = 8;
-/// Slots reserved for even when the configured pool is smaller, so that the pool can
-/// be grown live (admin `POST /pool/size`) without lowering the client cap.
+/// Write slots per cluster reserved for even when the configured pool is smaller, so
+/// that the pool can be grown live (admin `POST /pool/size`) to this size without
+/// lowering the client cap. The read slots come on top: a resize leaves them as they are.
 pub const MIN_RESERVED_SLOTS: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
@@ -123,18 +125,23 @@ pub struct FdBudget {
     pub max_client_connections: usize,
 }
 
-/// Slots the reserve is sized for when the pool may hold `slots`.
-fn reserved_slots(slots: usize) -> usize {
-    slots.max(MIN_RESERVED_SLOTS)
+/// Slots the reserve is sized for when each cluster may run `size` write slots: at least
+/// [`MIN_RESERVED_SLOTS`] write slots per cluster, plus every read slot. (The read slots
+/// were once inside the 64: the embedded default's 4 + 8 slots reserved 640, and a live
+/// resize to 64, which needs 64 + 8, was refused.)
+fn reserved_slots(config: &Config, size: usize) -> usize {
+    size.max(MIN_RESERVED_SLOTS)
+        .saturating_mul(config.slot_groups())
+        .saturating_add(config.max_read_slots())
 }
 
-/// The reserve for `config` with a pool of up to `slots` slots. Saturating: `pool.size`
-/// has no upper bound in the config, and a pool whose reserve overflows must come out as
-/// "does not fit", not as a panic or a wrapped, tiny reserve.
-pub fn reserve_for(config: &Config, slots: usize) -> usize {
+/// The reserve for `config` with up to `size` write slots per cluster. Saturating:
+/// `pool.size` has no upper bound in the config, and a pool whose reserve overflows must
+/// come out as "does not fit", not as a panic or a wrapped, tiny reserve.
+pub fn reserve_for(config: &Config, size: usize) -> usize {
     FIXED_MARGIN
         .saturating_add(config.admin.max_connections)
-        .saturating_add(PER_SLOT.saturating_mul(reserved_slots(slots)))
+        .saturating_add(PER_SLOT.saturating_mul(reserved_slots(config, size)))
 }
 
 impl FdBudget {
@@ -143,15 +150,15 @@ impl FdBudget {
     /// the reserve.
     pub fn plan(config: &Config, limit: u64) -> Result<FdBudget, FdError> {
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let slots = config.max_pool_size();
-        let reserve = reserve_for(config, slots);
+        let size = config.max_write_slots();
+        let reserve = reserve_for(config, size);
         let room = limit.saturating_sub(reserve);
         if room == 0 {
             return Err(FdError::LimitTooLow {
                 limit,
                 reserve,
                 admin: config.admin.max_connections,
-                slots: reserved_slots(slots),
+                slots: reserved_slots(config, size),
             });
         }
         let max_client_connections = match config.limits.max_client_connections {
@@ -163,7 +170,7 @@ impl FdBudget {
                     limit,
                     reserve,
                     admin: config.admin.max_connections,
-                    slots: reserved_slots(slots),
+                    slots: reserved_slots(config, size),
                     max: room,
                 })
             }
@@ -175,10 +182,11 @@ impl FdBudget {
         })
     }
 
-    /// Whether a pool of `slots` slots still keeps its reserve beside this budget's
-    /// client cap (a live resize, or a SIGHUP reload that keeps the running client cap).
-    pub fn fits(&self, config: &Config, slots: usize) -> Result<(), FdError> {
-        let reserve = reserve_for(config, slots);
+    /// Whether a pool of `size` write slots per cluster (the read slots as configured)
+    /// still keeps its reserve beside this budget's client cap (a live resize, or a
+    /// SIGHUP reload that keeps the running client cap).
+    pub fn fits(&self, config: &Config, size: usize) -> Result<(), FdError> {
+        let reserve = reserve_for(config, size);
         if self.max_client_connections.saturating_add(reserve) <= self.limit {
             return Ok(());
         }
@@ -187,7 +195,7 @@ impl FdBudget {
             limit: self.limit,
             reserve,
             admin: config.admin.max_connections,
-            slots: reserved_slots(slots),
+            slots: reserved_slots(config, size),
             max: self.limit.saturating_sub(reserve),
         })
     }
@@ -198,7 +206,7 @@ impl FdBudget {
     /// running admin cap (the new file's `admin.max_connections` is not in force yet).
     pub fn check_reload(&self, running: &Config, new: &Config) -> Result<(), FdError> {
         FdBudget::plan(new, self.limit as u64)?;
-        self.fits(running, new.max_pool_size())
+        self.fits(running, new.max_write_slots())
     }
 }
 
@@ -349,6 +357,33 @@ mod tests {
             FdBudget::plan(&c, 20_000).unwrap().reserve,
             64 + 64 + 8 * (100 + 2 * 10)
         );
+    }
+
+    /// Issue 20: CONFIG.md says the embedded default (4 write slots, 2 replicas x 4 read
+    /// slots) can grow to 64 live; its reserve (640) left out the 8 read slots, and
+    /// `POST /pool/size {"size":64}` was refused (it needs 8 x 72). The resize handler
+    /// asks `fits` exactly this.
+    #[test]
+    fn the_embedded_default_grows_to_64_live() {
+        let c: Config = toml::from_str("").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.max_read_slots(), 8);
+        let b = FdBudget::plan(&c, 20_000).unwrap();
+        assert_eq!(b.reserve, 64 + 64 + 8 * (64 + 8));
+        assert_eq!(b.max_client_connections, 20_000 - 704);
+        b.fits(&c, 64).unwrap();
+        assert!(b.fits(&c, 65).is_err());
+        // Under a small limit too: the cap leaves room for the documented growth.
+        let b = FdBudget::plan(&c, 1024).unwrap();
+        b.fits(&c, 64).unwrap();
+        // Each cluster can grow to 64: two clusters reserve 2 x 64 write slots.
+        let one = "[[cluster]]\nname = \"a\"\nuser = \"u\"\n[[cluster.member]]\nname = \"m\"\nhost = \"h\"\n";
+        let two = format!("{one}{}", one.replace("\"a\"", "\"b\""));
+        let c: Config = toml::from_str(&two).unwrap();
+        c.validate().unwrap();
+        let b = FdBudget::plan(&c, 20_000).unwrap();
+        assert_eq!(b.reserve, 64 + 64 + 8 * 128);
+        b.fits(&c, 64).unwrap();
     }
 
     #[test]

@@ -8,16 +8,82 @@ use crate::error::{ErrorCode, Origin, ProtocolError};
 use crate::value::Value;
 
 /// Role announced in `HELLO`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Client,
     Worker,
     /// A role string this peer does not know: the dispatcher refuses it with
     /// `AUTH_FAILED` (as any wrong role), not as a malformed body. Never sent deliberately.
-    #[serde(other)]
     Unknown,
 }
+
+/// A `str` only (section 4): serde's derive would also take a `bin` holding the name.
+impl<'de> Deserialize<'de> for Role {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
+        Ok(match text(d, "role")?.as_str() {
+            "client" => Role::Client,
+            "worker" => Role::Worker,
+            _ => Role::Unknown,
+        })
+    }
+}
+
+/// The `str` of the field `name` (section 4: text is `str`). serde's `String` would also
+/// take a `bin` of UTF-8, so that a token or a role sent as bytes passed.
+fn text<'de, D: Deserializer<'de>>(d: D, name: &'static str) -> Result<String, D::Error> {
+    struct V(&'static str);
+    impl<'de> de::Visitor<'de> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "`{}` as a MessagePack str", self.0)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_owned())
+        }
+        fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+            Ok(v)
+        }
+    }
+    d.deserialize_string(V(name))
+}
+
+/// [`text`] of an optional field: absent or nil is `None`.
+fn optional_text<'de, D: Deserializer<'de>>(d: D, name: &'static str) -> Result<Option<String>, D::Error> {
+    struct V(&'static str);
+    impl<'de> de::Visitor<'de> for V {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "`{}` as a MessagePack str or nil", self.0)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<String>, D::Error> {
+            text(d, self.0).map(Some)
+        }
+    }
+    d.deserialize_option(V(name))
+}
+
+/// Optional texts a client sends, each checked to be a `str` with its name in the error.
+macro_rules! texts {
+    ($($f:ident = $name:literal),* $(,)?) => {$(
+        fn $f<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+            optional_text(d, $name)
+        }
+    )*};
+}
+texts!(
+    token_text = "token",
+    secret_text = "secret",
+    name_text = "name",
+    cluster_text = "cluster",
+    causal_gtid_text = "causal_gtid",
+);
 
 /// `HELLO` (stream 0), the first frame a connecting peer sends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,10 +93,10 @@ pub struct Hello {
     pub version_minor: u16,
     pub role: Role,
     /// Client credential (role `client`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "token_text")]
     pub token: Option<String>,
     /// Per-boot worker secret (role `worker`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "secret_text")]
     pub secret: Option<String>,
     /// Slot the worker was spawned for (role `worker`).
     #[serde(default)]
@@ -39,7 +105,7 @@ pub struct Hello {
     #[serde(default)]
     pub pid: Option<u32>,
     /// Free-form name for logs and the admin view.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "name_text")]
     pub name: Option<String>,
     /// Role `client`: asks for per-stream flow control with this initial window, in data
     /// frames (`COLUMNS`/`ROWS`) per stream. Absent or 0: no flow control.
@@ -278,14 +344,18 @@ pub struct Request {
     #[serde(default)]
     pub timeout_ms: u64,
     /// The cluster to run on (absent: the dispatcher's first cluster). Protocol 1.2.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "cluster_text")]
     pub cluster: Option<String>,
     /// Read-your-writes (protocol 1.3): the request must see at least this MariaDB GTID
     /// position (`domain-server-seq`, comma-separated per domain; see [`crate::GtidPos`]),
     /// typically the newest `END.gtid` the client received for this cluster. The
     /// dispatcher routes such a read only to a replica known to have applied it, or to
     /// the primary; it never reaches the database. A dispatcher before 1.3 ignores it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "causal_gtid_text"
+    )]
     pub causal_gtid: Option<String>,
     /// Not on the wire: the SDK's per-request choice of read-your-writes (`None`: its
     /// `ClientConfig::read_your_writes`). It decides whether the SDK fills `causal_gtid`.

@@ -886,6 +886,115 @@ fn unknown_origin_and_role_strings_decode_as_unknown() {
     assert_eq!(h.role, Role::Unknown);
 }
 
+/// Section 4: text is `str`. A `HELLO` whose role, token, secret or name is a `bin`
+/// (even of valid UTF-8) is `BAD_BODY` naming the field; nil is "none" (issue 20, item 5:
+/// a token sent as bytes was accepted).
+#[test]
+fn hello_texts_must_be_str() {
+    enum T {
+        S(&'static str),
+        B(&'static [u8]),
+        Nil,
+    }
+    impl Serialize for T {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match self {
+                T::S(t) => s.serialize_str(t),
+                T::B(b) => s.serialize_bytes(b),
+                T::Nil => s.serialize_none(),
+            }
+        }
+    }
+    #[derive(Serialize)]
+    struct HelloWire {
+        version_major: u16,
+        version_minor: u16,
+        role: T,
+        token: T,
+        secret: T,
+        name: T,
+    }
+    let decode = |h: HelloWire| Frame::new(Kind::Hello, 0, &h).body::<Hello>();
+    let good = || HelloWire {
+        version_major: 1,
+        version_minor: 3,
+        role: T::S("client"),
+        token: T::S("tok"),
+        secret: T::Nil,
+        name: T::S("n"),
+    };
+    let h = decode(good()).expect("all str");
+    assert_eq!(
+        (h.role, h.token.as_deref(), h.secret, h.name.as_deref()),
+        (Role::Client, Some("tok"), None, Some("n"))
+    );
+    let cases: [(&str, HelloWire); 4] = [
+        (
+            "role",
+            HelloWire {
+                role: T::B(b"client"),
+                ..good()
+            },
+        ),
+        (
+            "token",
+            HelloWire {
+                token: T::B(b"tok"),
+                ..good()
+            },
+        ),
+        (
+            "secret",
+            HelloWire {
+                secret: T::B(b"s"),
+                ..good()
+            },
+        ),
+        (
+            "name",
+            HelloWire {
+                name: T::B(b"n"),
+                ..good()
+            },
+        ),
+    ];
+    for (field, h) in cases {
+        match decode(h) {
+            Err(e @ ProtocolError::BadBody { .. }) => {
+                assert_eq!(e.code(), ErrorCode::BadBody);
+                assert!(e.to_string().contains(&format!("`{field}`")), "{field}: {e}");
+            }
+            other => panic!("{field} as bin: {other:?}"),
+        }
+    }
+    // The same for the texts of a REQUEST other than its SQL (which may be a bin of UTF-8).
+    #[derive(Serialize)]
+    struct RequestWire {
+        sql: T,
+        cluster: T,
+        causal_gtid: T,
+    }
+    let decode = |r: RequestWire| Frame::new(Kind::Request, 1, &r).body::<Request>();
+    let r = decode(RequestWire {
+        sql: T::B(b"SELECT 1"),
+        cluster: T::S("c"),
+        causal_gtid: T::Nil,
+    })
+    .expect("sql as bin, the rest str");
+    assert_eq!((r.sql.as_str(), r.cluster.as_deref()), ("SELECT 1", Some("c")));
+    for field in ["cluster", "causal_gtid"] {
+        let r = RequestWire {
+            sql: T::S("SELECT 1"),
+            cluster: if field == "cluster" { T::B(b"c") } else { T::Nil },
+            causal_gtid: if field == "causal_gtid" { T::B(b"0-1-1") } else { T::Nil },
+        };
+        match decode(r) {
+            Err(e @ ProtocolError::BadBody { .. }) => assert!(e.to_string().contains(&format!("`{field}`")), "{e}"),
+            other => panic!("{field} as bin: {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn backend_tls_is_left_out_when_absent_and_modes_are_snake_case() {
     let mut s = WorkerSettings {

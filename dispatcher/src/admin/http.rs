@@ -276,8 +276,7 @@ async fn resize(State(state): State<AdminState>, Json(body): Json<Resize>) -> Re
         return (StatusCode::CONFLICT, "the dispatcher is draining\n").into_response();
     }
     // Every cluster's write slots take the new size; the read slots stay as they are.
-    let slots = body.size * state.ctx.config.slot_groups() + state.ctx.config.max_read_slots();
-    if let Err(e) = state.fds.fits(&state.ctx.config, slots) {
+    if let Err(e) = state.fds.fits(&state.ctx.config, body.size) {
         return (StatusCode::CONFLICT, format!("pool size {} refused: {e}\n", body.size)).into_response();
     }
     state.supervisor.resize(body.size);

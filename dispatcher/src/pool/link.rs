@@ -20,6 +20,12 @@ use crate::ctx::{constant_time_eq, Ctx};
 use crate::pool::relay::{Reader, Relay, Writer};
 use crate::pool::{Pool, WorkerLink, LINK_JOBS};
 
+/// Largest frame read from a worker-socket connection before its `HELLO` has shown the
+/// worker secret, as on the client port (docs/PROTOCOL.md, section 15): a worker's
+/// `HELLO` is a few hundred bytes. Without it any local process could make the
+/// dispatcher buffer a 16 MiB partial frame per connection (10 connections: 39 -> 151 MB).
+const HANDSHAKE_MAX_PAYLOAD: usize = 4096;
+
 #[derive(Debug, thiserror::Error)]
 enum RegisterError {
     #[error("no HELLO within the registration timeout")]
@@ -28,26 +34,43 @@ enum RegisterError {
     Closed,
     #[error("{0}")]
     Protocol(#[from] osprey_protocol::ProtocolError),
+    /// A frame the registration's state does not allow (sections 3 and 14).
+    #[error("protocol violation: {0}")]
+    Violation(String),
     #[error("refused: {0}")]
     Refused(String),
     #[error("worker could not open its database session: {0}")]
     Backend(String),
 }
 
+impl RegisterError {
+    /// The `ERROR` the peer gets before the close (section 14), if any.
+    fn answer(&self) -> Option<ErrorBody> {
+        let (code, message) = match self {
+            RegisterError::Timeout | RegisterError::Closed | RegisterError::Backend(_) => return None,
+            RegisterError::Protocol(osprey_protocol::ProtocolError::Io(_)) => return None,
+            RegisterError::Protocol(e) => (e.code(), e.to_string()),
+            RegisterError::Violation(m) => (ErrorCode::ProtocolViolation, m.clone()),
+            RegisterError::Refused(m) => (ErrorCode::AuthFailed, m.clone()),
+        };
+        Some(ErrorBody::undispatched(Origin::Dispatcher, code, message))
+    }
+}
+
 /// Serves one accepted worker connection until it ends.
 pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
     let peer_pid = socket.peer_cred().ok().and_then(|c| c.pid()).map(|p| p as u32);
     let (rd, wr) = socket.into_split();
-    let codec = FrameCodec::new(ctx.config.limits.max_payload);
-    let mut reader = FramedRead::new(rd, codec.clone());
-    let mut writer = FramedWrite::new(wr, codec);
+    // Until HELLO has shown the secret, one HELLO's worth at most (and the read buffer's
+    // 8 KiB); `register` lifts the bound once it has.
+    let mut reader = FramedRead::new(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD));
+    let mut writer = FramedWrite::new(wr, FrameCodec::new(ctx.config.limits.max_payload));
     let (pool, slot, generation, ready) = match register(&ctx, &mut reader, &mut writer, peer_pid).await {
         Ok(r) => r,
         Err(e) => {
             warn!(peer_pid, "worker registration failed: {e}");
-            if let RegisterError::Refused(msg) = &e {
-                let body = ErrorBody::undispatched(Origin::Dispatcher, ErrorCode::AuthFailed, msg.clone());
-                let _ = writer.send(Frame::new(Kind::Error, 0, &body)).await;
+            if let Some(body) = e.answer() {
+                let _ = timeout(Duration::from_secs(1), writer.send(Frame::new(Kind::Error, 0, &body))).await;
             }
             return;
         }
@@ -91,18 +114,13 @@ async fn register(
         .map_err(|_| RegisterError::Timeout)?;
     let frame = first.ok_or(RegisterError::Closed)??;
     if frame.kind != Kind::Hello {
-        return Err(RegisterError::Refused(format!(
+        return Err(RegisterError::Violation(format!(
             "expected HELLO, got {}",
             frame.kind.name()
         )));
     }
     let hello: Hello = frame.body()?;
-    if hello.version_major != PROTOCOL_MAJOR {
-        return Err(RegisterError::Refused(format!(
-            "unsupported protocol version {}",
-            hello.version_major
-        )));
-    }
+    hello.check_version()?;
     let secret_ok = hello
         .secret
         .as_deref()
@@ -125,6 +143,8 @@ async fn register(
             "slot {slot} expects pid {pid}, connection is from {peer_pid:?}"
         )));
     }
+    // Authenticated (secret, slot, pid): the worker's frames may now be of any size.
+    reader.decoder_mut().set_max_payload(ctx.config.limits.max_payload);
     let ack = HelloAck {
         version_major: PROTOCOL_MAJOR,
         version_minor: PROTOCOL_MINOR,
@@ -155,7 +175,7 @@ async fn register(
             }
             Kind::Pong => {}
             other => {
-                return Err(RegisterError::Refused(format!(
+                return Err(RegisterError::Violation(format!(
                     "unexpected {} before READY",
                     other.name()
                 )))

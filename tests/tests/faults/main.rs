@@ -25,6 +25,7 @@ mod raw;
 mod slow_client;
 mod spec_rules;
 mod stream_ids;
+mod worker_socket;
 
 use std::time::{Duration, Instant};
 

@@ -70,6 +70,80 @@ async fn an_unknown_role_is_refused_as_a_wrong_role() {
     assert_closed_loop(&c, &[], 1).await;
 }
 
+/// A text as `str`, or as `bin` as a lenient encoder may write it.
+enum Text<'a> {
+    Str(&'a str),
+    Bin(&'a [u8]),
+}
+
+impl serde::Serialize for Text<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Text::Str(t) => s.serialize_str(t),
+            Text::Bin(b) => s.serialize_bytes(b),
+        }
+    }
+}
+
+/// Connects and sends a `HELLO` whose `role`, `token` and `name` are as given.
+async fn hello_typed(addr: std::net::SocketAddr, role: Text<'_>, token: Text<'_>, name: Text<'_>) -> Raw {
+    #[derive(serde::Serialize)]
+    struct TypedHello<'a> {
+        version_major: u16,
+        version_minor: u16,
+        role: Text<'a>,
+        token: Text<'a>,
+        name: Text<'a>,
+    }
+    let body = rmp_serde::to_vec_named(&TypedHello {
+        version_major: 1,
+        version_minor: 3,
+        role,
+        token,
+        name,
+    })
+    .expect("encode");
+    let mut raw = Raw::connect(addr).await;
+    raw.send(raw_frame(Kind::Hello, 0, &body)).await;
+    raw
+}
+
+/// Issue 20, item 5: a `HELLO` whose text fields are MessagePack `bin` instead of `str`
+/// is a `BAD_BODY` (section 4: strings are `str`). The right token sent as `bin` was
+/// accepted; so was a `bin` role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_text_sent_as_bytes_is_a_bad_body() {
+    let _serial = serial().await;
+    let c = one(5000).await;
+    let d = &c.dispatcher;
+    let token = d.client_token.as_str();
+    let cases = [
+        (
+            "token",
+            Text::Str("client"),
+            Text::Bin(token.as_bytes()),
+            Text::Str("t"),
+        ),
+        ("role", Text::Bin(b"client"), Text::Str(token), Text::Str("t")),
+        ("name", Text::Str("client"), Text::Str(token), Text::Bin(b"t")),
+    ];
+    for (field, role, token, name) in cases {
+        let mut raw = hello_typed(d.client_addr, role, token, name).await;
+        let e = raw.expect_conn_error(ErrorCode::BadBody).await;
+        println!("{field} as bin: {} {:?}", e.code, e.message);
+        assert!(e.message.contains(field), "the message names the field: {e:?}");
+    }
+    // The same HELLO with every text a str is accepted: only the type was wrong.
+    let mut raw = hello_typed(d.client_addr, Text::Str("client"), Text::Str(token), Text::Str("t")).await;
+    match raw.next(Duration::from_secs(5)).await {
+        Got::Frame(f) if f.kind == Kind::HelloAck => {}
+        other => panic!("expected HELLO_ACK for a HELLO of str fields, got {other:?}"),
+    }
+    raw.expect_query_ok(1, "SELECT 1").await;
+    drop(raw);
+    assert_closed_loop(&c, &[], 1).await;
+}
+
 /// GOAWAY is the dispatcher's (section 3): from a client it is a PROTOCOL_VIOLATION. It
 /// was ignored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

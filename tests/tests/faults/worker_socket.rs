@@ -1,0 +1,134 @@
+//! Issue 20, item 4: what a peer of the worker socket can do before its `HELLO` has
+//! shown the worker secret.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use osprey_client::ErrorCode;
+use osprey_protocol::{ErrorBody, Frame, FrameCodec, Kind, Ping, Ready, DEFAULT_MAX_PAYLOAD};
+use osprey_tests::harness::{rss_kib, Dispatcher};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio_util::codec::Framed;
+
+use crate::raw::header;
+use crate::{assert_closed_loop, cluster, serial};
+
+/// The connection-level ERROR a worker-socket peer gets for `frame` sent first, and
+/// whether the dispatcher then closed the connection.
+async fn first_frame_on_worker_socket(d: &Dispatcher, frame: Frame) -> (ErrorBody, bool) {
+    let sock = UnixStream::connect(d.worker_socket()).await.expect("worker socket");
+    let mut w = Framed::new(sock, FrameCodec::new(DEFAULT_MAX_PAYLOAD));
+    w.send(frame).await.expect("send");
+    let answer = tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("an answer within 5 s")
+        .expect("an ERROR frame, not a close")
+        .expect("a well-formed frame");
+    assert_eq!((answer.kind, answer.stream), (Kind::Error, 0), "{answer:?}");
+    let body: ErrorBody = answer.body().expect("ERROR body");
+    let closed = matches!(
+        tokio::time::timeout(Duration::from_secs(5), w.next()).await,
+        Ok(None) | Ok(Some(Err(_)))
+    );
+    (body, closed)
+}
+
+/// A `PING` or `READY` before `HELLO` on the worker socket is a `PROTOCOL_VIOLATION`
+/// (sections 3 and 14), as on the client port; it was `AUTH_FAILED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_before_hello_on_the_worker_socket_is_a_protocol_violation() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\n").await;
+    let d = &c.dispatcher;
+    let before = d.worker_pids().await.expect("workers");
+    for frame in [
+        Frame::new(Kind::Ping, 0, &Ping { nonce: 1 }),
+        Frame::new(
+            Kind::Ready,
+            0,
+            &Ready {
+                db_connection_id: 1,
+                server_version: "11.0".into(),
+            },
+        ),
+    ] {
+        let kind = frame.kind;
+        let (body, closed) = first_frame_on_worker_socket(d, frame).await;
+        println!(
+            "{kind:?} before HELLO on the worker socket: {} {:?}",
+            body.code, body.message
+        );
+        assert_eq!(body.code, ErrorCode::ProtocolViolation, "{kind:?} first: {body:?}");
+        assert!(!body.dispatched && !body.retryable);
+        assert!(closed, "the connection is closed after the ERROR");
+    }
+    // The pool did not notice.
+    d.wait_idle(1, Duration::from_secs(5)).await.expect("the slot idle");
+    assert_eq!(d.worker_pids().await.expect("workers"), before);
+    assert_closed_loop(&c, &[], 1).await;
+}
+
+/// Before `HELLO` a worker-socket peer may announce at most 4096 bytes of payload, as a
+/// client may (section 15): a header announcing 16 MiB gets `FRAME_TOO_LARGE` and the
+/// close at once, instead of the dispatcher reading and buffering the payload (10 such
+/// connections took the dispatcher from 36 to 196 MB RSS here; 37 -> 37 MB with the bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_socket_bounds_frames_before_hello() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\n").await;
+    let d = &c.dispatcher;
+    let rss_before = rss_kib(d.pid()).expect("rss");
+    let chunk = vec![0u8; 1 << 20];
+    let mut conns = Vec::new();
+    let mut refused = 0;
+    for _ in 0..10 {
+        let mut s = UnixStream::connect(d.worker_socket()).await.expect("worker socket");
+        // A HELLO of 16 MiB - 1 byte (within the general maximum), then 15 MiB of it.
+        s.write_all(&header((16 << 20) - 1, Kind::Hello as u8, 0))
+            .await
+            .expect("header");
+        let mut sent = 0;
+        for _ in 0..15 {
+            match tokio::time::timeout(Duration::from_secs(2), s.write_all(&chunk)).await {
+                Ok(Ok(())) => sent += 1,
+                // Closed by the dispatcher, or it stopped reading: it holds no more of it.
+                _ => break,
+            }
+        }
+        refused += usize::from(sent < 15);
+        conns.push(s);
+    }
+    let rss_after = rss_kib(d.pid()).expect("rss");
+    println!(
+        "10 worker-socket connections each sending a 16 MiB HELLO: dispatcher RSS {} -> {} MB, {refused} cut short",
+        rss_before / 1024,
+        rss_after / 1024
+    );
+    // Each got FRAME_TOO_LARGE before the close.
+    for mut s in conns {
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+        assert!(
+            answer.len() > 12,
+            "an ERROR frame before the close: {} bytes",
+            answer.len()
+        );
+        let len = u32::from_be_bytes(answer[0..4].try_into().expect("4 bytes")) as usize;
+        assert_eq!(answer[4], Kind::Error as u8, "an ERROR frame");
+        let frame = Frame {
+            kind: Kind::Error,
+            flags: 0,
+            stream: 0,
+            payload: answer[12..12 + len].to_vec().into(),
+        };
+        let body: ErrorBody = frame.body().expect("ERROR body");
+        assert_eq!(body.code, ErrorCode::FrameTooLarge, "{body:?}");
+    }
+    assert_eq!(refused, 10, "every oversized HELLO was cut short");
+    assert!(
+        rss_after < rss_before + 20 * 1024,
+        "RSS grew from {rss_before} to {rss_after} KiB"
+    );
+    assert_closed_loop(&c, &[], 1).await;
+}
