@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::metrics::Metrics;
 use crate::cluster::events::EventLog;
 use crate::cluster::ClusterRuntime;
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::pool::{Pool, GROUP_SLOTS};
 

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tracing::{info, warn};
 
-use crate::admin::metrics::Metrics;
 use crate::config::Config;
+use crate::metrics::Metrics;
 
 /// Descriptors for everything that is neither a client, an admin connection nor a slot:
 /// stdio, the three listeners, the runtime's epoll/eventfd/signal pipe, the embedded

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod config;
 pub mod ctx;
 pub mod fds;
+pub mod metrics;
 pub mod policy;
 pub mod pool;
 pub mod server;

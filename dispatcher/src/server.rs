@@ -14,7 +14,6 @@ use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::metrics::Metrics;
 use crate::admin::{self, AdminState};
 use crate::client::listen;
 use crate::client::tls::ServerTls;
@@ -29,6 +28,7 @@ use crate::cluster::{
 use crate::config::{self, Config};
 use crate::ctx::{random_token, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
+use crate::metrics::Metrics;
 use crate::policy::{Limit, Policy, SlowLogTarget};
 use crate::pool::supervisor::Supervisor;
 use crate::pool::Pool;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use osprey_dispatcher::admin::metrics::Metrics;
 use osprey_dispatcher::cluster::delay::{self, DelayError, DelayHandle, DelayView, ProbeStatus};
 use osprey_dispatcher::cluster::{ClusterConfig, ClusterStatus, ClusterView, Role};
+use osprey_dispatcher::metrics::Metrics;
 use osprey_sandbox::{Instance, Sandbox};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

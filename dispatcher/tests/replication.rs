@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use osprey_dispatcher::admin::metrics::Metrics;
 use osprey_dispatcher::cluster::events::EventLog;
 use osprey_dispatcher::cluster::replication::spawn_replication;
 use osprey_dispatcher::cluster::{
     ClusterConfig, ClusterStatus, ClusterView, Command, HealthState, MemberHealth, ProviderHandle, Role, SemiSync,
 };
+use osprey_dispatcher::metrics::Metrics;
 use osprey_sandbox::{Instance, Sandbox};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

@@ -36,10 +36,10 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::debug;
 
-use crate::admin::metrics::{GroupLabel, SlotLabel};
 use crate::config;
 use crate::ctx::{constant_time_eq, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
+use crate::metrics::{GroupLabel, SlotLabel};
 use crate::pool::supervisor::Supervisor;
 use crate::pool::{PoolView, SlotView};
 
@@ -489,7 +489,7 @@ async fn connection(
     cfg: config::Admin,
     slot: Slot,
     stop: CancellationToken,
-    metrics: Arc<crate::admin::metrics::Metrics>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) {
     metrics.admin_connections.inc();
     let _open = scopeguard(move || {

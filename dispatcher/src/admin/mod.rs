@@ -1,7 +1,7 @@
-//! The operations surface: the admin HTTP API and the Prometheus metrics.
+//! The operations surface: the admin HTTP API (the metrics it serves live on the ground
+//! floor, `crate::metrics`, since every module counts into them).
 
 pub mod http;
-pub mod metrics;
 pub mod policy;
 
 pub use http::*;

@@ -15,7 +15,7 @@ use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, Kind, Origin, HEADER_LEN
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Most credit a stream can hold: a client granting more is capped here (a compliant one
 /// never holds more than its window).

@@ -29,8 +29,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tracing::info;
 
-use crate::admin::metrics::Metrics;
 use crate::config::{ClientAuth, ListenTls};
+use crate::metrics::Metrics;
 
 /// First byte of a TLS handshake record.
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;

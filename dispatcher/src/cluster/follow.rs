@@ -11,10 +11,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
-use crate::admin::metrics::MemberLabel;
 use crate::cluster::config::{ClusterConfig, MemberConfig};
 use crate::cluster::events::EventLog;
 use crate::cluster::view::{ClusterView, SwitchEvent, SwitchStep};
+use crate::metrics::MemberLabel;
 
 /// Why a status query to a member gave no answer.
 #[derive(Debug, thiserror::Error)]

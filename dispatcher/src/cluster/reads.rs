@@ -20,13 +20,13 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::metrics::{FallbackLabel, MemberLabel, Metrics, RouteLabel};
 use crate::cluster::config::{ClusterConfig, ReadFallback};
 use crate::cluster::delay::{DelayView, ProbeStatus};
 use crate::cluster::manager::worker_settings;
 use crate::cluster::view::{ClusterView, HealthState, Role};
 use crate::cluster::ClusterRuntime;
 use crate::config::Pool as PoolConfig;
+use crate::metrics::{FallbackLabel, MemberLabel, Metrics, RouteLabel};
 use crate::pool::{Pool, PoolView};
 
 /// What the delay probe says of each member, as far as reads care.

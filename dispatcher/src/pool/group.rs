@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::metrics::Metrics;
+use crate::metrics::Metrics;
 use crate::pool::job::{fail_later, Job};
 use crate::pool::wait_queue::{Full, Holder, QueueFigures, QueueLimits, WaitQueue};
 
@@ -87,6 +87,18 @@ pub enum SlotState {
     Busy,
     /// QUIT_NOW sent; waiting for the process to exit.
     Quitting,
+}
+
+impl SlotState {
+    /// As in `/status` and the `osprey_slots{state}` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            SlotState::Starting => "starting",
+            SlotState::Idle => "idle",
+            SlotState::Busy => "busy",
+            SlotState::Quitting => "quitting",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -1357,7 +1369,7 @@ impl Pool {
             // Under the pool's lock: the swap and the add cannot interleave with another.
             let delta = n - self.published[i].swap(n, Ordering::Relaxed);
             if delta != 0 {
-                self.metrics.slot_state(st).inc_by(delta);
+                self.metrics.slot_state(st.name()).inc_by(delta);
             }
         }
     }
@@ -2016,7 +2028,7 @@ mod tests {
                 pool.add_slot(index, kill);
             }
         }
-        let starting = metrics.slot_state(SlotState::Starting);
+        let starting = metrics.slot_state(SlotState::Starting.name());
         assert_eq!(starting.get(), 5);
         let (kill, _) = mpsc::unbounded_channel();
         let generation = groups[1].add_slot(GROUP_SLOTS, kill);
@@ -2027,7 +2039,7 @@ mod tests {
         };
         assert!(groups[1].worker_ready(GROUP_SLOTS, generation, link, 1));
         assert_eq!(starting.get(), 4);
-        assert_eq!(metrics.slot_state(SlotState::Idle).get(), 1);
+        assert_eq!(metrics.slot_state(SlotState::Idle.name()).get(), 1);
         groups[0].hold("h".into());
         let (out, _inbox) = outbox(4, 1 << 30);
         let shared = ClientShared::new(1, out, 4, 0, 1 << 30, metrics.clone());

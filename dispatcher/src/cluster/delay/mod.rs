@@ -37,8 +37,8 @@ use tracing::Instrument;
 
 pub use view::{DelayRow, DelayView, HeartbeatView, ProbeStatus};
 
-use crate::admin::metrics::Metrics;
 use crate::cluster::{ClusterConfig, ClusterView};
+use crate::metrics::Metrics;
 
 /// The heartbeat table's name, in `delay_database`.
 pub const TABLE: &str = "osprey_heartbeat";

@@ -13,9 +13,9 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::view::{judge, DelayRow, DelayView, HeartbeatView, PrimaryAck, ProbeStatus, Reading};
 use super::TABLE;
-use crate::admin::metrics::{DelayErrorLabel, MemberLabel, Metrics};
 use crate::cluster::replication::{connect, ReplError};
 use crate::cluster::{ClusterConfig, ClusterView, DelaySettings, Role};
+use crate::metrics::{DelayErrorLabel, MemberLabel, Metrics};
 
 /// MariaDB: "table doesn't exist" (the heartbeat table has not reached this replica yet).
 const ER_NO_SUCH_TABLE: u16 = 1146;

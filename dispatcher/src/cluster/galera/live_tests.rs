@@ -9,10 +9,10 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::spawn_galera;
-use crate::admin::metrics::{MemberLabel, Metrics};
 use crate::cluster::config::{ClusterConfig, HealthConfig, MemberConfig, Topology};
 use crate::cluster::events::EventLog;
 use crate::cluster::view::{ClusterView, Command, MemberHealth, Role};
+use crate::metrics::{MemberLabel, Metrics};
 
 const INTERVAL_MS: u64 = 200;
 /// Slack over one interval for a move: the round's own probe timeouts and a loaded machine.

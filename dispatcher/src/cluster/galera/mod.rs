@@ -23,13 +23,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::admin::metrics::Metrics;
 use crate::cluster::config::ClusterConfig;
 use crate::cluster::events::EventLog;
 use crate::cluster::follow::{round_timeouts, MemberConn, Move, Publisher};
 use crate::cluster::view::{
     ClusterStatus, ClusterView, Command, MemberHealth, MemberView, ProviderHandle, Role, SwitchEvent,
 };
+use crate::metrics::Metrics;
 use decide::{Candidate, NodeStatus, STATUS_SQL};
 
 /// Starts the provider task of one `galera` cluster. `health` holds each member's monitor

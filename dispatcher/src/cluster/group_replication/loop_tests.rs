@@ -12,10 +12,10 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::spawn_with_sql;
-use crate::admin::metrics::{MemberLabel, Metrics};
 use crate::cluster::config::{ClusterConfig, HealthConfig, MemberConfig, Topology};
 use crate::cluster::events::EventLog;
 use crate::cluster::view::{ClusterStatus, ClusterView, Command, Role};
+use crate::metrics::{MemberLabel, Metrics};
 
 const SQL: &str = "SELECT MEMBER_HOST, MEMBER_PORT, MEMBER_STATE, MEMBER_ROLE FROM osprey.group_members";
 

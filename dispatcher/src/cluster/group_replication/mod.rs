@@ -27,13 +27,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::admin::metrics::Metrics;
 use crate::cluster::config::ClusterConfig;
 use crate::cluster::events::EventLog;
 use crate::cluster::follow::{round_timeouts, MemberConn, Move, Publisher};
 use crate::cluster::view::{
     ClusterStatus, ClusterView, Command, HealthState, MemberHealth, MemberView, ProviderHandle, Role,
 };
+use crate::metrics::Metrics;
 use decide::{GroupDecision, Report, MEMBERS_SQL};
 
 /// Starts the provider task of one `group_replication` cluster.

@@ -29,9 +29,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use super::Accumulator;
-use crate::admin::metrics::{FactorLabel, MemberLabel, Metrics};
 use crate::cluster::config::HealthConfig;
 use crate::cluster::view::{FactorResult, HealthState, MemberHealth};
+use crate::metrics::{FactorLabel, MemberLabel, Metrics};
 
 /// The member a monitor probes, and the account it logs in with.
 #[derive(Debug, Clone)]

@@ -16,12 +16,12 @@ use super::facts::{observe, MemberFacts};
 use super::lock::MajorityLock;
 use super::record::Recorder;
 use super::{connect, ReplError};
-use crate::admin::metrics::{ClusterKindLabel, ClusterStateLabel, MemberRoleLabel, Metrics};
 use crate::cluster::events::EventLog;
 use crate::cluster::{
     ClusterConfig, ClusterStatus, ClusterView, Command, HealthState, MemberHealth, MemberView, ProviderHandle, Role,
     SemiSync,
 };
+use crate::metrics::{ClusterKindLabel, ClusterStateLabel, MemberRoleLabel, Metrics};
 
 /// Starts the provider of one `replication` cluster.
 pub fn spawn_replication(

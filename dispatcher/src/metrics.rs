@@ -8,8 +8,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-use crate::pool::SlotState;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
@@ -516,13 +514,8 @@ impl Metrics {
         self.tls_refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    pub fn slot_state(&self, state: SlotState) -> Gauge {
-        let state = match state {
-            SlotState::Starting => "starting",
-            SlotState::Idle => "idle",
-            SlotState::Busy => "busy",
-            SlotState::Quitting => "quitting",
-        };
+    /// The `osprey_slots{state}` gauge of one slot state (`SlotState::name`).
+    pub fn slot_state(&self, state: &'static str) -> Gauge {
         self.slots.get_or_create(&StateLabel { state }).clone()
     }
 
