@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
-use osprey_dispatcher::client::streams::{outbox, ClientShared, Inbox};
 use osprey_dispatcher::metrics::Metrics;
-use osprey_dispatcher::pool::job::Job;
 use osprey_dispatcher::pool::wait_queue::QueueLimits;
 use osprey_dispatcher::pool::{Next, Pool, WorkerLink, LINK_JOBS};
+use osprey_dispatcher::request::job::Job;
+use osprey_dispatcher::request::streams::{outbox, ClientShared, Inbox};
 use osprey_protocol::{Frame, Kind};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

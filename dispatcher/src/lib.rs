@@ -11,4 +11,5 @@ pub mod fds;
 pub mod metrics;
 pub mod policy;
 pub mod pool;
+pub mod request;
 pub mod server;

@@ -18,12 +18,12 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
-use crate::client::streams::{outbox, ClientShared, Inbox, OpenError};
 use crate::client::tls::{ClientRead, ClientWrite, Progress, ServerTls};
 use crate::ctx::Ctx;
 use crate::policy::Blocked;
-use crate::pool::job::Job;
 use crate::pool::{Pool, SubmitError};
+use crate::request::job::Job;
+use crate::request::streams::{outbox, ClientShared, Inbox, OpenError};
 
 type Reader = FramedRead<ClientRead, FrameCodec>;
 type Writer = FramedWrite<ClientWrite, FrameCodec>;

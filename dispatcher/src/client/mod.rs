@@ -1,8 +1,7 @@
-//! The client side: the TCP (and TLS) listener, one task per client connection,
-//! and the per-stream closed-loop guard.
+//! The client side: the TCP (and TLS) listener and one task per client connection
+//! (the streams it opens and their closed-loop guard live in `crate::request`).
 
 pub mod connection;
 pub mod listen;
 pub mod route;
-pub mod streams;
 pub mod tls;

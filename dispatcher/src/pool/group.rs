@@ -24,8 +24,8 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::pool::job::{fail_later, Job};
 use crate::pool::wait_queue::{Full, Holder, QueueFigures, QueueLimits, WaitQueue};
+use crate::request::job::{fail_later, Job};
 
 /// A worker that closed its link gets this long to exit by itself.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
@@ -1391,7 +1391,7 @@ mod tests {
     use osprey_protocol::{Frame, Kind};
 
     use super::*;
-    use crate::client::streams::{outbox, ClientShared, Inbox};
+    use crate::request::streams::{outbox, ClientShared, Inbox};
 
     struct Fixture {
         pool: Arc<Pool>,

@@ -3,7 +3,6 @@
 //! registered worker, and the relay of a request's frames.
 
 pub mod group;
-pub mod job;
 pub mod link;
 pub mod relay;
 pub mod stash;

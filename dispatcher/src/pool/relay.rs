@@ -24,11 +24,11 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tracing::{debug, info, warn};
 
-use crate::client::streams::StreamGuard;
 use crate::ctx::Ctx;
-use crate::pool::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
 use crate::pool::stash::{next_frame, Stash};
 use crate::pool::{Next, Pool, SubmitError};
+use crate::request::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
+use crate::request::streams::StreamGuard;
 
 pub type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
 pub type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;

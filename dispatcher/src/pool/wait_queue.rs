@@ -25,7 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
-use crate::pool::job::Job;
+use crate::request::job::Job;
 
 /// Hashes connection ids. They come from the dispatcher's own counter (never from a
 /// client), so a multiplicative hash is safe and much cheaper than SipHash on the path

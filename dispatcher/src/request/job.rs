@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use osprey_protocol::{ErrorBody, ErrorCode, Frame, Origin};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::streams::StreamGuard;
 use crate::metrics::Metrics;
+use crate::request::streams::StreamGuard;
 
 /// A worker link that could not deliver a job gives it back to the pool; after
 /// this many tries it fails with WORKER_LOST (workers keep vanishing).
