@@ -271,8 +271,15 @@ impl Default for Timeouts {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Admin {
-    /// Admin connections held at once; a further one is accepted and closed at once.
+    /// Admin connections held at once. A further one takes the place of the oldest that
+    /// has not presented the admin token (silent ones first); with none, it is closed.
     pub max_connections: usize,
+    /// Admin connections one source address may hold at once (absent: a quarter of
+    /// `max_connections`, at least 1); a further one from it takes the place of its
+    /// oldest that has not presented the token.
+    pub max_connections_per_address: Option<usize>,
+    /// A new connection must send its first complete request head within this.
+    pub first_head_timeout_ms: u64,
     /// A request head must be complete within this of the connection starting to wait for
     /// it (at accept, or after the previous response on a kept-alive connection).
     pub header_read_timeout_ms: u64,
@@ -284,10 +291,21 @@ pub struct Admin {
     pub request_timeout_ms: u64,
 }
 
+impl Admin {
+    /// `max_connections_per_address`, or its default.
+    pub fn per_address(&self) -> usize {
+        self.max_connections_per_address
+            .unwrap_or(self.max_connections / 4)
+            .clamp(1, self.max_connections.max(1))
+    }
+}
+
 impl Default for Admin {
     fn default() -> Self {
         Admin {
             max_connections: 64,
+            max_connections_per_address: None,
+            first_head_timeout_ms: 1_000,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 5_000,
             request_timeout_ms: 10_000,
@@ -605,11 +623,22 @@ impl Config {
         if self.admin.max_connections == 0 || self.admin.max_connections > 4096 {
             return bad("admin.max_connections must be between 1 and 4096");
         }
+        if self
+            .admin
+            .max_connections_per_address
+            .is_some_and(|n| n == 0 || n > self.admin.max_connections)
+        {
+            return bad("admin.max_connections_per_address must be between 1 and admin.max_connections");
+        }
         if self.admin.header_read_timeout_ms == 0
             || self.admin.idle_timeout_ms == 0
             || self.admin.request_timeout_ms == 0
+            || self.admin.first_head_timeout_ms == 0
         {
-            return bad("admin.header_read_timeout_ms, idle_timeout_ms and request_timeout_ms must be at least 1");
+            return bad(
+                "admin.first_head_timeout_ms, header_read_timeout_ms, idle_timeout_ms and request_timeout_ms must be at \
+                 least 1",
+            );
         }
         if self.pool.queue_capacity == 0 || self.pool.queue_bytes == 0 || self.pool.queue_bytes_per_connection == 0 {
             return bad("pool.queue_capacity, pool.queue_bytes and pool.queue_bytes_per_connection must be at least 1");

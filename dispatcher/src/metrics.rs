@@ -111,6 +111,7 @@ pub struct Metrics {
     pub streams_open: Gauge,
     pub admin_connections: Gauge,
     pub admin_rejected: Counter,
+    pub admin_evicted: Counter,
     pub client_rejected: Counter,
     pub accept_errors: Family<ListenerLabel, Counter>,
     /// Connections refused on a TLS client port before HELLO, by reason.
@@ -332,6 +333,7 @@ impl Metrics {
         let streams_open = Gauge::default();
         let admin_connections = Gauge::default();
         let admin_rejected = Counter::default();
+        let admin_evicted = Counter::default();
         let client_rejected = Counter::default();
         let accept_errors = Family::<ListenerLabel, Counter>::default();
         registry.register(
@@ -410,8 +412,15 @@ impl Metrics {
         );
         registry.register(
             "admin_connections_rejected",
-            "Admin connections closed at accept because admin.max_connections were open",
+            "Admin connections closed at accept because no connection in the way (admin.max_connections, or \
+             its address's admin.max_connections_per_address) could make room: each had presented the admin token, \
+             or had sent bytes while the new one had not",
             admin_rejected.clone(),
+        );
+        registry.register(
+            "admin_connections_evicted",
+            "Admin connections that had not presented the admin token, closed to make room for a new one",
+            admin_evicted.clone(),
         );
         registry.register(
             "client_connections_rejected",
@@ -499,6 +508,7 @@ impl Metrics {
             streams_open,
             admin_connections,
             admin_rejected,
+            admin_evicted,
             client_rejected,
             accept_errors,
             tls_refused,

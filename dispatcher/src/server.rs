@@ -103,7 +103,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .with_context(|| format!("binding worker socket {}", socket_path.display()))?;
     let client_listener = listen::bind_tcp(config.listen.client, 1024)
         .with_context(|| format!("binding client listener {}", config.listen.client))?;
-    let admin_listener = listen::bind_tcp(config.listen.admin, 128)
+    // A backlog deep enough that a connection flood queues rather than has its SYNs
+    // dropped (the kernel's retry comes a second later): the operator's connection is
+    // in that queue too, and the accept loop gets through it in milliseconds.
+    let admin_listener = listen::bind_tcp(config.listen.admin, 1024)
         .with_context(|| format!("binding admin listener {}", config.listen.admin))?;
 
     let initial = config.initial_pool_size();

@@ -43,6 +43,11 @@ fn check_config_rejects_unknown_keys_and_bad_values() {
             "leaves no file descriptors in reserve",
         ),
         ("[admin]\nmax_connections = 0\n", "admin.max_connections"),
+        (
+            "[admin]\nmax_connections = 8\nmax_connections_per_address = 9\n",
+            "admin.max_connections_per_address",
+        ),
+        ("[admin]\nfirst_head_timeout_ms = 0\n", "admin.first_head_timeout_ms"),
         // A pool so large that its reserve overflows usize: refused, not a panic (debug)
         // or a wrapped, tiny reserve (release).
         (

@@ -212,3 +212,33 @@ async fn sighup_with_the_same_pool_size_keeps_a_live_resize() -> anyhow::Result<
     assert_eq!(d.status().await?["pool"]["size"], 3);
     Ok(())
 }
+
+/// Issue 20, item 3: the embedded default (no `[backend]`, no `[[cluster]]`: a sandbox
+/// primary and two replicas, 4 write and 8 read slots) grows live to 64, as
+/// docs/CONFIG.md says. It got 409 ("keeps 704 ... 8 x 72 slots"): its reserve (640) left
+/// out the 8 read slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_default_grows_to_64_live() -> anyhow::Result<()> {
+    let config: toml::Table = format!(
+        "[listen]\nclient = \"{}\"\nadmin = \"{}\"\n[auth]\nclient_tokens = [\"t\"]\nadmin_token = \"a\"\n",
+        osprey_tests::harness::free_addr(),
+        osprey_tests::harness::free_addr()
+    )
+    .parse()?;
+    let mut d = Dispatcher::spawn_with(config)?;
+    let s = d.wait_idle(4, Duration::from_secs(120)).await?;
+    println!("embedded default: fds = {}", s["fds"]);
+    let (code, body) = d.admin_post("/pool/size", serde_json::json!({ "size": 64 })).await?;
+    assert_eq!(code, 200, "POST /pool/size 64 on the embedded default: {body}");
+    assert_eq!(s["fds"]["reserve"], 704, "64 write slots and the 8 read slots");
+    let t = std::time::Instant::now();
+    d.wait_idle(64, Duration::from_secs(120)).await?;
+    println!("64 write slots idle {} ms after the resize", t.elapsed().as_millis());
+    // One more does not fit beside the client cap derived at start.
+    let (code, body) = d.admin_post("/pool/size", serde_json::json!({ "size": 65 })).await?;
+    println!("POST /pool/size 65: {code} {}", body.trim());
+    assert_eq!(code, 409, "{body}");
+    d.signal(Signal::SIGTERM);
+    d.wait_exit(Duration::from_secs(60)).await?;
+    Ok(())
+}

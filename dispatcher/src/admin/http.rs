@@ -4,12 +4,14 @@
 //! The server is our own accept loop over hyper's HTTP/1 connection, not `axum::serve`,
 //! which has no header-read timeout and no connection cap: request-less connections
 //! to this port once held every file descriptor of the process (issue 9). Each
-//! connection holds a permit of `admin.max_connections` (one more is closed at
-//! accept), must send its request head within `admin.header_read_timeout_ms`, is
-//! closed after `admin.idle_timeout_ms` with no byte moving and no request being
-//! handled, and each request must be answered within `admin.request_timeout_ms`. A few
-//! permits are token slots ([`MAX_TOKEN_SLOTS`]), held only briefly by anyone without
-//! the admin token, so that a flood of the others does not lock the operator out.
+//! connection holds a place of `admin.max_connections` (and of its address's
+//! `admin.max_connections_per_address`); when there is none, the oldest connection that
+//! has not presented the admin token gives up its own (`admission.rs`), so that a flood
+//! cannot lock the operator out (issue 20). A connection must send its first request
+//! head within `admin.first_head_timeout_ms` and each later one within
+//! `admin.header_read_timeout_ms`, is closed after `admin.idle_timeout_ms` with no byte
+//! moving and no request being handled, and each request must be answered within
+//! `admin.request_timeout_ms`.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -30,12 +32,12 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::debug;
 
+use crate::admin::admission::{Admission, Admitted, Held};
 use crate::config;
 use crate::ctx::{constant_time_eq, Ctx};
 use crate::fds::{self, AcceptErrors, FdBudget};
@@ -51,15 +53,6 @@ const MAX_HEAD_BYTES: usize = 16 * 1024;
 const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// After the stop signal, a connection gets this long to finish its request.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
-/// Slots of `admin.max_connections` kept for when every other one is held (a flood):
-/// `min(4, max_connections / 2)`. A connection on one must send each request head within
-/// [`TOKEN_SLOT_HEAD_TIMEOUT`] and present the admin token in each request, else it is
-/// closed; so a flood holds one only that long, and an operator's `/status` gets in
-/// once the flood stops coming instead of when its connections time out.
-const MAX_TOKEN_SLOTS: usize = 4;
-/// An operator's client sends its whole request at once.
-const TOKEN_SLOT_HEAD_TIMEOUT: Duration = Duration::from_secs(1);
-
 #[derive(Clone)]
 pub struct AdminState {
     pub ctx: Arc<Ctx>,
@@ -188,7 +181,7 @@ async fn require_token(State(state): State<AdminState>, request: Request, next: 
     if has_token(request.headers(), &state.ctx.admin_token) {
         next.run(request).await
     } else {
-        unauthorized(false)
+        unauthorized()
     }
 }
 
@@ -200,18 +193,12 @@ fn has_token(headers: &header::HeaderMap, admin_token: &str) -> bool {
         .is_some_and(|token| constant_time_eq(token.as_bytes(), admin_token.as_bytes()))
 }
 
-fn unauthorized(close: bool) -> Response {
-    let mut response = (
+fn unauthorized() -> Response {
+    (
         StatusCode::UNAUTHORIZED,
         "admin token required: Authorization: Bearer <token>\n",
     )
-        .into_response();
-    if close {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
-    }
-    response
+        .into_response()
 }
 
 pub fn status_of(ctx: &Ctx, budget: &FdBudget) -> Status {
@@ -429,9 +416,7 @@ pub async fn serve(listener: TcpListener, state: AdminState, stop: CancellationT
     let metrics = state.ctx.metrics.clone();
     let admin_token: Arc<str> = state.ctx.admin_token.as_str().into();
     let app = router(state);
-    let token_slots = MAX_TOKEN_SLOTS.min(cfg.max_connections / 2);
-    let permits = Arc::new(Semaphore::new(cfg.max_connections - token_slots));
-    let token_permits = Arc::new(Semaphore::new(token_slots));
+    let admission = Admission::new(cfg.max_connections, cfg.per_address());
     let mut errors = AcceptErrors::new("admin");
     let mut conns = JoinSet::new();
     loop {
@@ -447,27 +432,38 @@ pub async fn serve(listener: TcpListener, state: AdminState, stop: CancellationT
                 continue;
             }
         };
-        let (permit, token_slot) = match permits.clone().try_acquire_owned() {
-            Ok(p) => (p, false),
-            Err(_) => match token_permits.clone().try_acquire_owned() {
-                Ok(p) => (p, true),
-                Err(_) => {
-                    // Closed at once rather than left in the backlog: the peer learns at
-                    // once, and the descriptor is back before the next accept.
-                    metrics.admin_rejected.inc();
-                    debug!(%peer, "admin.max_connections open; closing a new admin connection");
-                    continue;
+        // An operator's client writes its request right after connecting: under a flood
+        // its bytes are usually waiting by the time it is accepted, which puts it behind
+        // every silent connection in the eviction order from the start.
+        let sent = has_bytes_waiting(&socket);
+        let held = tokio::select! {
+            a = admission.admit(peer.ip(), sent) => a,
+            _ = stop.cancelled() => break,
+        };
+        let held = match held {
+            Admitted::Held { held, evicted } => {
+                if evicted > 0 {
+                    metrics.admin_evicted.inc_by(evicted as u64);
+                    debug!(%peer, evicted, "admin connections without the token closed to make room");
                 }
-            },
+                held
+            }
+            Admitted::Full => {
+                // No connection in the way may make room for this one (token holders,
+                // or ones that sent bytes while this one has not). Closed at once rather
+                // than left in the backlog: the peer learns at once, and the descriptor
+                // is back before the next accept.
+                metrics.admin_rejected.inc();
+                debug!(%peer, sent, "no admin connection may make room; closing a new one");
+                continue;
+            }
         };
         conns.spawn(connection(
             socket,
             app.clone(),
             cfg.clone(),
-            Slot {
-                _permit: permit,
-                token_only: token_slot.then(|| admin_token.clone()),
-            },
+            held,
+            admin_token.clone(),
             stop.clone(),
             metrics.clone(),
         ));
@@ -476,18 +472,19 @@ pub async fn serve(listener: TcpListener, state: AdminState, stop: CancellationT
     let _ = tokio::time::timeout(SHUTDOWN_GRACE * 2, async { while conns.join_next().await.is_some() {} }).await;
 }
 
-/// What an admin connection holds of `admin.max_connections`.
-struct Slot {
-    _permit: OwnedSemaphorePermit,
-    /// On a token slot: the admin token each request must present.
-    token_only: Option<Arc<str>>,
+/// Whether the peer's first bytes are already in the socket (a peek: nothing is taken).
+fn has_bytes_waiting(socket: &TcpStream) -> bool {
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    // The socket is non-blocking: nothing there is WouldBlock, not a wait.
+    matches!(socket2::SockRef::from(socket).peek(&mut buf), Ok(n) if n > 0)
 }
 
 async fn connection(
     socket: TcpStream,
     app: Router,
     cfg: config::Admin,
-    slot: Slot,
+    held: Held,
+    admin_token: Arc<str>,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
 ) {
@@ -497,30 +494,25 @@ async fn connection(
     });
     let _ = socket.set_nodelay(true);
     let activity = Arc::new(Activity::new());
+    let standing = held.standing.clone();
     let io = TokioIo::new(Tracked {
         inner: socket,
         activity: activity.clone(),
+        standing: standing.clone(),
     });
     let request_timeout = Duration::from_millis(cfg.request_timeout_ms);
-    let mut header_read_timeout = Duration::from_millis(cfg.header_read_timeout_ms);
-    if slot.token_only.is_some() {
-        header_read_timeout = header_read_timeout.min(TOKEN_SLOT_HEAD_TIMEOUT);
-    }
-    let token_only = slot.token_only.clone();
     let service = hyper::service::service_fn({
         let activity = activity.clone();
         move |req: hyper::Request<Incoming>| {
             let app = app.clone();
             let busy = activity.busy();
-            // Refused before the router reads a byte of the body.
-            let refused = token_only
-                .as_deref()
-                .is_some_and(|token| !has_token(req.headers(), token));
+            // Seen with the token once: the connection is an operator's, never evicted.
+            // (The router checks the token of every request all the same.)
+            if has_token(req.headers(), &admin_token) {
+                standing.trust();
+            }
             async move {
                 let _busy = busy;
-                if refused {
-                    return Ok(unauthorized(true));
-                }
                 match tokio::time::timeout(request_timeout, app.oneshot(req)).await {
                     Ok(Ok(response)) => Ok::<_, Infallible>(response),
                     Ok(Err(never)) => match never {},
@@ -537,12 +529,13 @@ async fn connection(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
+        .header_read_timeout(Duration::from_millis(cfg.header_read_timeout_ms))
         .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_REQUEST_BYTES);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let idle = Duration::from_millis(cfg.idle_timeout_ms);
+    let first_head = Duration::from_millis(cfg.first_head_timeout_ms);
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
@@ -550,11 +543,17 @@ async fn connection(
             }
         }
         _ = activity.idle_for(idle) => debug!("admin connection idle for admin.idle_timeout_ms; closed"),
+        _ = activity.no_request_within(first_head) => {
+            debug!("no request head within admin.first_head_timeout_ms; closed");
+        }
+        _ = held.evicted.cancelled() => debug!("admin connection without the token evicted for a new one"),
         _ = stop.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn).await;
         }
     }
+    // `held`, a parameter, is dropped after the connection (a local), so its socket is
+    // closed before its place is given up: the cap counts descriptors.
 }
 
 /// Runs `f` on drop.
@@ -575,6 +574,8 @@ struct Activity {
     base: Instant,
     last_ms: AtomicU64,
     busy: AtomicUsize,
+    /// Set once a complete request head has come.
+    requested: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
@@ -583,6 +584,7 @@ impl Activity {
             base: Instant::now(),
             last_ms: AtomicU64::new(0),
             busy: AtomicUsize::new(0),
+            requested: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -594,12 +596,22 @@ impl Activity {
     /// Held while a request is handled: the request timeout bounds that time, not the
     /// idle timeout (a handler moves no bytes).
     fn busy(self: &Arc<Self>) -> impl Drop + Send + 'static {
+        self.requested.store(true, Ordering::Relaxed);
         self.busy.fetch_add(1, Ordering::Relaxed);
         let this = self.clone();
         scopeguard(move || {
             this.touch();
             this.busy.fetch_sub(1, Ordering::Relaxed);
         })
+    }
+
+    /// Completes at `limit` after accept if no complete request head has come by then;
+    /// otherwise never.
+    async fn no_request_within(&self, limit: Duration) {
+        tokio::time::sleep(limit).await;
+        if self.requested.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Completes once no byte has moved for `limit` while no request was being handled.
@@ -621,10 +633,12 @@ impl Activity {
     }
 }
 
-/// A socket that records in [`Activity`] every read or write that moved bytes.
+/// A socket that records in [`Activity`] every read or write that moved bytes, and in
+/// its [`Standing`](crate::admin::admission::Standing) that the peer has sent some.
 struct Tracked {
     inner: TcpStream,
     activity: Arc<Activity>,
+    standing: Arc<crate::admin::admission::Standing>,
 }
 
 impl AsyncRead for Tracked {
@@ -633,6 +647,7 @@ impl AsyncRead for Tracked {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.activity.touch();
+            self.standing.sent();
         }
         r
     }

@@ -11,6 +11,7 @@
 //! Run: `cargo build --bins && cargo test -p osprey-tests --test faults -- --nocapture`
 //! (the figures — respawn counts, RSS, cut-off times — are printed).
 
+mod admin_flood;
 mod bad_input;
 mod cancel;
 mod database;
