@@ -658,7 +658,7 @@ fn start_cluster(
         stop.clone(),
     ) {
         if rt.reads.is_some() {
-            tokio::spawn(crate::cluster::reads::follow_delay(
+            tokio::spawn(crate::cluster::manager::follow_delay(
                 rt.clone(),
                 d.view.clone(),
                 stop.clone(),

@@ -1,10 +1,12 @@
 //! `[[cluster]]`: the clusters a dispatcher fronts, their members, health model and
-//! failover settings (see `docs/CONFIG.md`). Parsed as part of [`crate::config::Config`].
+//! failover settings (see `docs/CONFIG.md`). Parsed as part of the dispatcher's `Config` (`config.rs`).
 
 use std::path::PathBuf;
 
-use osprey_protocol::{SessionReset, SslMode};
+use osprey_protocol::{Backend, BackendTls, SessionReset, SslMode, WorkerSettings};
 use serde::{Deserialize, Serialize};
+
+use crate::pool::PoolConfig;
 
 /// Who decides which member is the primary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -357,5 +359,33 @@ impl ClusterConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// What a worker serving `member` is told at registration.
+pub fn worker_settings(cluster: &ClusterConfig, member: &MemberConfig, pool: &PoolConfig) -> WorkerSettings {
+    WorkerSettings {
+        backend: Backend {
+            name: member.name.clone(),
+            host: member.host.clone(),
+            port: member.port,
+            user: cluster.user.clone(),
+            password: cluster.password.clone(),
+            database: cluster.database.clone(),
+        },
+        max_requests: pool.max_requests,
+        max_age_ms: pool.max_age_s * 1000,
+        batch_rows: pool.batch_rows,
+        batch_bytes: pool.batch_bytes,
+        connect_timeout_ms: cluster.connect_timeout_ms,
+        session_reset: cluster.session_reset,
+        backend_tls: match cluster.ssl_mode {
+            SslMode::Disabled => None,
+            mode => Some(BackendTls {
+                mode,
+                ca_file: cluster.ssl_ca.as_ref().map(|p| p.display().to_string()),
+                server_name: cluster.ssl_server_name.clone(),
+            }),
+        },
     }
 }

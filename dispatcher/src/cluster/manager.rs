@@ -13,20 +13,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use osprey_protocol::{Backend, BackendTls, SslMode, WorkerSettings};
+use osprey_protocol::WorkerSettings;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, Instrument};
 
-use crate::cluster::config::{ClusterConfig, MemberConfig};
+use crate::cluster::config::{worker_settings, ClusterConfig};
+use crate::cluster::delay::DelayView;
 use crate::cluster::events::EventLog;
 use crate::cluster::reads::{ReadGate, ReadPoolReport, Reads};
 use crate::cluster::view::{
     ClusterStatus, ClusterView, Command, HealthState, MemberHealth, ProviderHandle, SwitchEvent,
 };
-use crate::config::Pool as PoolConfig;
+use crate::pool::PoolConfig;
 use crate::pool::{Pool, PoolView};
 
 /// A cluster's parts, as the admin API and SIGHUP reach them.
@@ -333,34 +335,6 @@ impl std::fmt::Debug for Decision {
     }
 }
 
-/// What a worker serving `member` is told at registration.
-pub fn worker_settings(cluster: &ClusterConfig, member: &MemberConfig, pool: &PoolConfig) -> WorkerSettings {
-    WorkerSettings {
-        backend: Backend {
-            name: member.name.clone(),
-            host: member.host.clone(),
-            port: member.port,
-            user: cluster.user.clone(),
-            password: cluster.password.clone(),
-            database: cluster.database.clone(),
-        },
-        max_requests: pool.max_requests,
-        max_age_ms: pool.max_age_s * 1000,
-        batch_rows: pool.batch_rows,
-        batch_bytes: pool.batch_bytes,
-        connect_timeout_ms: cluster.connect_timeout_ms,
-        session_reset: cluster.session_reset,
-        backend_tls: match cluster.ssl_mode {
-            SslMode::Disabled => None,
-            mode => Some(BackendTls {
-                mode,
-                ca_file: cluster.ssl_ca.as_ref().map(|p| p.display().to_string()),
-                server_name: cluster.ssl_server_name.clone(),
-            }),
-        },
-    }
-}
-
 /// The provider of a cluster whose one member is the primary by configuration
 /// (`[backend]`): nothing to discover and no one to promote. It publishes the member
 /// as primary and refuses switchovers.
@@ -406,9 +380,40 @@ pub fn spawn_static(config: &ClusterConfig, events: Arc<EventLog>, shutdown: Can
     }
 }
 
+/// Feeds `rt`'s read side from its delay probe: on every published view, and every
+/// period besides, so that a measurement that stops being fresh takes its replica out
+/// even when the probe publishes nothing new.
+pub async fn follow_delay(rt: Arc<ClusterRuntime>, mut view: watch::Receiver<DelayView>, shutdown: CancellationToken) {
+    let period = Duration::from_millis(view.borrow().period_ms.max(100));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        let gate = ReadGate::from_delay(&view.borrow_and_update());
+        let key = format!("{:?}", (&gate.delay, &gate.applied));
+        if last.as_ref() != Some(&key) {
+            rt.set_read_gate(gate);
+            last = Some(key);
+        }
+        tokio::select! {
+            r = view.changed() => if r.is_err() { break },
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+    // The probe is gone (it cannot be, short of a bug): no verdict stays "ok" forever.
+    let mut gate = ReadGate::default();
+    for r in &view.borrow().replicas {
+        gate.delay
+            .insert(r.name.clone(), Err("the delay probe stopped".to_owned()));
+    }
+    rt.set_read_gate(gate);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use osprey_protocol::Backend;
 
     /// The follower logs every new decision at info level: never the database password.
     #[test]

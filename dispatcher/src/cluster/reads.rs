@@ -13,20 +13,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use osprey_protocol::GtidPos;
 use serde::Serialize;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
+use crate::cluster::config::worker_settings;
 use crate::cluster::config::{ClusterConfig, ReadFallback};
 use crate::cluster::delay::{DelayView, ProbeStatus};
-use crate::cluster::manager::worker_settings;
 use crate::cluster::view::{ClusterView, HealthState, Role};
-use crate::cluster::ClusterRuntime;
-use crate::config::Pool as PoolConfig;
 use crate::metrics::{FallbackLabel, MemberLabel, Metrics, RouteLabel};
+use crate::pool::PoolConfig;
 use crate::pool::{Pool, PoolView};
 
 /// What the delay probe says of each member, as far as reads care.
@@ -70,36 +66,6 @@ impl ReadGate {
         }
         gate
     }
-}
-
-/// Feeds `rt`'s read side from its delay probe: on every published view, and every
-/// period besides, so that a measurement that stops being fresh takes its replica out
-/// even when the probe publishes nothing new.
-pub async fn follow_delay(rt: Arc<ClusterRuntime>, mut view: watch::Receiver<DelayView>, shutdown: CancellationToken) {
-    let period = Duration::from_millis(view.borrow().period_ms.max(100));
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = None;
-    loop {
-        let gate = ReadGate::from_delay(&view.borrow_and_update());
-        let key = format!("{:?}", (&gate.delay, &gate.applied));
-        if last.as_ref() != Some(&key) {
-            rt.set_read_gate(gate);
-            last = Some(key);
-        }
-        tokio::select! {
-            r = view.changed() => if r.is_err() { break },
-            _ = tick.tick() => {}
-            _ = shutdown.cancelled() => return,
-        }
-    }
-    // The probe is gone (it cannot be, short of a bug): no verdict stays "ok" forever.
-    let mut gate = ReadGate::default();
-    for r in &view.borrow().replicas {
-        gate.delay
-            .insert(r.name.clone(), Err("the delay probe stopped".to_owned()));
-    }
-    rt.set_read_gate(gate);
 }
 
 /// Where a read goes.

@@ -2,6 +2,7 @@
 //! queue), the supervisor that spawns and respawns processes, the link task per
 //! registered worker, and the relay of a request's frames.
 
+pub mod config;
 pub mod group;
 pub mod link;
 pub mod relay;
@@ -9,4 +10,5 @@ pub mod stash;
 pub mod supervisor;
 pub mod wait_queue;
 
+pub use config::PoolConfig;
 pub use group::*;

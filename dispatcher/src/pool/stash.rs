@@ -10,10 +10,8 @@
 
 use std::collections::VecDeque;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use osprey_protocol::{Frame, ProtocolError, HEADER_LEN};
-
-use super::relay::Reader;
 
 /// While a slow client holds a worker link with requests written behind its current one,
 /// the link reads on up to this many bytes of the worker's frames (kept for later, in
@@ -62,7 +60,10 @@ impl Stash {
 }
 
 /// The worker's next frame: a kept one first, else the next from its socket.
-pub async fn next_frame(stash: &mut Stash, reader: &mut Reader) -> Option<Result<Frame, ProtocolError>> {
+pub async fn next_frame<R>(stash: &mut Stash, reader: &mut R) -> Option<Result<Frame, ProtocolError>>
+where
+    R: Stream<Item = Result<Frame, ProtocolError>> + Unpin,
+{
     match stash.pop() {
         Some(frame) => Some(Ok(frame)),
         None => reader.next().await,
