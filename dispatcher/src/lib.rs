@@ -7,6 +7,7 @@ pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod ctx;
+pub mod embedded;
 pub mod fds;
 pub mod metrics;
 pub mod policy;

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use osprey_protocol::local::{runtime_dir, Credentials};
-use osprey_sandbox::Sandbox;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{watch, Semaphore};
@@ -22,11 +21,11 @@ use crate::cluster::health::{spawn_monitor, MonitorHandle, MonitorTarget};
 use crate::cluster::reads::Reads;
 use crate::cluster::ClusterView;
 use crate::cluster::{
-    galera, group_replication, manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, MemberConfig,
-    Topology,
+    galera, group_replication, manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, Topology,
 };
 use crate::config::{self, Config};
 use crate::ctx::{random_token, Ctx};
+use crate::embedded::{self, Embedded};
 use crate::fds::{self, AcceptErrors, FdBudget};
 use crate::metrics::Metrics;
 use crate::policy::{Limit, Policy, SlowLogTarget};
@@ -69,7 +68,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating runtime dir {}", dir.display()))?;
     let (client_tokens, admin_token) = tokens(&config, &dir)?;
     if let Some(sandbox) = &_sandbox {
-        write_sandbox_file(sandbox, &dir);
+        embedded::write_members_file(sandbox, &dir);
     }
 
     let worker_binary = match &config.pool.worker_binary {
@@ -503,70 +502,15 @@ fn reload_tls(tls: &ServerTls, files: &config::ListenTls) {
 
 /// The clusters to front, each with whether it stands for a single `[backend]`; the
 /// sandbox when the embedded default is used.
-async fn resolve_clusters(config: &Config) -> anyhow::Result<(Vec<(ClusterConfig, bool)>, Option<Sandbox>)> {
+async fn resolve_clusters(config: &Config) -> anyhow::Result<(Vec<(ClusterConfig, bool)>, Option<Embedded>)> {
     if let Some(b) = &config.backend {
         return Ok((vec![(b.as_cluster(), true)], None));
     }
     if !config.clusters.is_empty() {
         return Ok((config.clusters.iter().map(|c| (c.clone(), false)).collect(), None));
     }
-    info!("no [backend] or [[cluster]] configured: starting a local MariaDB sandbox (primary + 2 replicas)");
-    let sandbox = Sandbox::start(2)
-        .await
-        .context("starting the embedded MariaDB sandbox")?;
-    let cluster = sandbox_cluster(&sandbox);
-    info!(url = %sandbox.primary().url(), "sandbox ready");
+    let (cluster, sandbox) = embedded::start().await?;
     Ok((vec![(cluster, false)], Some(sandbox)))
-}
-
-/// The embedded default: the sandbox as cluster `sandbox`, with failover on.
-fn sandbox_cluster(sandbox: &Sandbox) -> ClusterConfig {
-    let p = sandbox.primary();
-    ClusterConfig {
-        name: "sandbox".into(),
-        topology: Topology::Replication,
-        user: p.user().to_string(),
-        password: p.password().to_string(),
-        database: Some(p.database().to_string()),
-        // The app account cannot set read_only (nor write on a read-only member): the
-        // monitor and the failover log in as the sandbox's admin account.
-        monitor_user: Some(p.monitor_user().to_string()),
-        monitor_password: Some(p.monitor_password().to_string()),
-        replication_user: Some(osprey_sandbox::REPL_USER.into()),
-        replication_password: Some(osprey_sandbox::REPL_PASSWORD.into()),
-        connect_timeout_ms: 5_000,
-        session_reset: Default::default(),
-        ssl_mode: Default::default(),
-        ssl_ca: None,
-        ssl_server_name: None,
-        // The tour shows reads on the replicas.
-        read_split: true,
-        read_fallback: Default::default(),
-        members: sandbox
-            .instances()
-            .map(|i| MemberConfig {
-                name: i.name().to_string(),
-                host: i.host().to_string(),
-                port: i.port(),
-                no_promotion: false,
-                priority: 0,
-                replication_host: None,
-                replication_port: None,
-                max_qps: None,
-                burst: None,
-            })
-            .collect(),
-        health: HealthConfig::default(),
-        failover: FailoverConfig {
-            // A tour shows several failovers in a row.
-            cooldown_s: 10,
-            ..FailoverConfig::default()
-        },
-        // The tour shows a lagging replica leaving the read pool.
-        delay_period_ms: Some(500),
-        delay_threshold_ms: Some(1000),
-        delay_database: Some("osprey".into()),
-    }
 }
 
 /// Starts the monitors and the topology provider of one cluster, and the follower
@@ -696,27 +640,5 @@ fn reload_clusters(ctx: &Ctx, new: &Config) {
                 }));
             }
         }
-    }
-}
-
-/// `<runtime_dir>/sandbox`: one line per embedded server, `name pid port datadir`, so that
-/// the README's tour (and an operator) can kill -9 or stop a member of the sandbox.
-fn write_sandbox_file(sandbox: &Sandbox, dir: &std::path::Path) {
-    let text: String = sandbox
-        .instances()
-        .map(|i| {
-            format!(
-                "{} {} {} {}\n",
-                i.name(),
-                i.pid().map_or_else(|| "-".into(), |p| p.to_string()),
-                i.port(),
-                i.datadir().display()
-            )
-        })
-        .collect();
-    let path = dir.join("sandbox");
-    match std::fs::write(&path, text) {
-        Ok(()) => info!(file = %path.display(), "sandbox members listed"),
-        Err(e) => warn!(file = %path.display(), "cannot list the sandbox members: {e}"),
     }
 }

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the tests need when it is missing (MariaDB,
+# the Galera provider and rsync for the Galera sandbox), then runs exactly
+# `cargo test --workspace` (extra arguments go to it). `.ci/run` calls this too, so the
+# two cannot drift: a test that needs a new package adds it here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+packages=()
+if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+  packages+=(mariadb-server mariadb-client)
+fi
+# The Galera sandbox (osprey_sandbox::Galera): the provider, and rsync for state transfers.
+if [ ! -f /usr/lib/galera/libgalera_smm.so ] && [ ! -f /usr/lib/libgalera_smm.so ]; then
+  packages+=(galera-4)
+fi
+if ! command -v rsync >/dev/null 2>&1; then
+  packages+=(rsync)
+fi
+if [ ${#packages[@]} -gt 0 ]; then
+  echo "installing what the tests need with apt-get: ${packages[*]}" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
+# mariadbd lives in /usr/sbin, which a non-root PATH may lack.
+export PATH="$PATH:/usr/sbin"
+exec cargo test --workspace "$@"
