@@ -8,6 +8,7 @@
 //! nothing of the dispatcher), so that both `cluster/` and `policy/` may use it.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use mysql_async::{Conn, DriverError, Opts, OptsBuilder, SslOpts};
@@ -75,7 +76,7 @@ impl Connector {
         match (first, &self.plain) {
             (Err(mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer)), Some(plain)) => {
                 tracing::warn!(
-                    addr = self.opts.ip_or_hostname(),
+                    host = self.opts.ip_or_hostname(),
                     port = self.opts.tcp_port(),
                     "ssl_mode preferred: the server offers no TLS; going on in clear"
                 );
@@ -92,15 +93,17 @@ impl Connector {
 /// `ssl_mode` in the driver's terms, with the meaning the workers give it
 /// (`wire/src/tls.rs`): `None` is plain TCP; `preferred` and `required` encrypt without
 /// checking the certificate; `verify_ca` checks the chain only; `verify_identity` the
-/// chain and the name (without `ssl_ca`: against the public web roots built into the
-/// driver, webpki-roots).
+/// chain and the name.
 fn ssl_opts(tls: &Tls) -> Option<SslOpts> {
-    let trusted = |o: SslOpts| match &tls.ca {
-        // The CA given is the only one trusted, not one more beside the public roots.
-        Some(ca) => o
-            .with_root_certs(vec![ca.clone().into()])
-            .with_disable_built_in_roots(true),
-        None => o,
+    // The CA given is the only one trusted; without one (verify_identity only), the
+    // system's roots as the workers load them, never the driver's own built-in list, so
+    // that a worker and the monitor cannot disagree about a certificate.
+    let trusted = |o: SslOpts| {
+        let roots = match &tls.ca {
+            Some(ca) => vec![ca.clone().into()],
+            None => system_roots().iter().map(|der| der.clone().into()).collect(),
+        };
+        o.with_root_certs(roots).with_disable_built_in_roots(true)
     };
     match tls.mode {
         SslMode::Disabled => None,
@@ -114,6 +117,19 @@ fn ssl_opts(tls: &Tls) -> Option<SslOpts> {
             Some(trusted(SslOpts::default()).with_danger_tls_hostname_override(tls.server_name.clone()))
         }
     }
+}
+
+/// The system's CA certificates (DER), read once: `rustls-native-certs`, as the workers'
+/// `wire` does. One unparsable certificate does not keep the others out.
+fn system_roots() -> &'static [Vec<u8>] {
+    static ROOTS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::warn!(error = %e, "system CA certificates: not all could be read");
+        }
+        found.certs.into_iter().map(|c| c.to_vec()).collect()
+    })
 }
 
 #[cfg(test)]
@@ -163,10 +179,11 @@ mod tests {
         assert!(s.disable_built_in_roots());
         assert_eq!(s.tls_hostname_override(), Some("db.internal"));
 
-        // No CA: the public web roots built into the driver (webpki-roots).
+        // No CA: the system's roots, as the workers (not the driver's built-in list).
         let c = Connector::new("db", 3306, "mon", "pw", &tls(SslMode::VerifyIdentity, None, None));
         let s = c.opts.ssl_opts().unwrap();
-        assert!(!s.disable_built_in_roots() && s.root_certs().is_empty());
+        assert!(s.disable_built_in_roots());
+        assert_eq!(s.root_certs().len(), system_roots().len());
         assert_eq!(s.tls_hostname_override(), None);
     }
 }
