@@ -119,8 +119,10 @@ fn ssl_opts(tls: &Tls) -> Option<SslOpts> {
     }
 }
 
-/// The system's CA certificates (DER), read once: `rustls-native-certs`, as the workers'
-/// `wire` does. One unparsable certificate does not keep the others out.
+/// The system's CA certificates (DER), read once (a few ms, the first time a
+/// `verify_identity` member without `ssl_ca` is reached): `rustls-native-certs`, as the
+/// workers' `wire` does. Certificates rustls cannot take are left out here, as the workers
+/// skip them: the driver would fail the whole connection on the first one.
 fn system_roots() -> &'static [Vec<u8>] {
     static ROOTS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
     ROOTS.get_or_init(|| {
@@ -128,7 +130,13 @@ fn system_roots() -> &'static [Vec<u8>] {
         for e in &found.errors {
             tracing::warn!(error = %e, "system CA certificates: not all could be read");
         }
-        found.certs.into_iter().map(|c| c.to_vec()).collect()
+        let mut check = rustls::RootCertStore::empty();
+        found
+            .certs
+            .into_iter()
+            .filter(|c| check.add(c.clone()).is_ok())
+            .map(|c| c.to_vec())
+            .collect()
     })
 }
 
