@@ -477,6 +477,7 @@ async fn follow_slow_log_target(
                     port: m.port,
                     user: c.user.clone(),
                     password: c.password.clone(),
+                    tls: c.tls(),
                 })
             })
         };
@@ -548,6 +549,7 @@ fn start_cluster(
                 port: m.port,
                 user: user.clone(),
                 password: password.clone(),
+                tls: cluster.tls(),
             };
             let handle = spawn_monitor(target, health_rx.clone(), metrics.clone(), stop.clone());
             (m.name.clone(), handle)

@@ -78,9 +78,27 @@ impl Rig {
     /// `[[cluster]]` TOML for this rig named `cluster`, members through the proxies;
     /// `extra` goes inside the cluster table (e.g. health settings).
     pub fn cluster_toml(&self, cluster: &str, extra: &str) -> String {
-        let p = self.sandbox.primary();
-        let mut s = format!(
-            r#"
+        let members = self
+            .names
+            .iter()
+            .zip(&self.proxies)
+            .map(|(n, p)| (n.as_str(), p.addr().port()));
+        cluster_toml(self.sandbox.primary(), cluster, extra, members)
+    }
+}
+
+/// `[[cluster]]` TOML (topology `replication`) named `cluster`, with the sandbox's
+/// accounts (those of `primary`) and `members` as (name, port) on 127.0.0.1; `extra` goes
+/// inside the cluster table, before the members.
+pub fn cluster_toml<'a>(
+    primary: &Instance,
+    cluster: &str,
+    extra: &str,
+    members: impl IntoIterator<Item = (&'a str, u16)>,
+) -> String {
+    let p = primary;
+    let mut s = format!(
+        r#"
 [[cluster]]
 name = "{cluster}"
 topology = "replication"
@@ -94,22 +112,20 @@ replication_password = "{rp}"
 connect_timeout_ms = 1000
 {extra}
 "#,
-            user = p.user(),
-            password = p.password(),
-            db = p.database(),
-            mu = p.monitor_user(),
-            mp = p.monitor_password(),
-            ru = osprey_sandbox::REPL_USER,
-            rp = osprey_sandbox::REPL_PASSWORD,
-        );
-        for (name, proxy) in self.names.iter().zip(&self.proxies) {
-            s.push_str(&format!(
-                "[[cluster.member]]\nname = \"{name}\"\nhost = \"127.0.0.1\"\nport = {}\n",
-                proxy.addr().port()
-            ));
-        }
-        s
+        user = p.user(),
+        password = p.password(),
+        db = p.database(),
+        mu = p.monitor_user(),
+        mp = p.monitor_password(),
+        ru = osprey_sandbox::REPL_USER,
+        rp = osprey_sandbox::REPL_PASSWORD,
+    );
+    for (name, port) in members {
+        s.push_str(&format!(
+            "[[cluster.member]]\nname = \"{name}\"\nhost = \"127.0.0.1\"\nport = {port}\n"
+        ));
     }
+    s
 }
 
 /// Points a replica's IO thread at `port` (a proxy), GTID positions kept.

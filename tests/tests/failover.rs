@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use osprey_client::ErrorCode;
+use osprey_sandbox::Sandbox;
 use osprey_tests::failover_rig::{
-    assert_no_lost_writes, cluster_view, dispatcher_config, wait_primary, Rig, Writer, FAST,
+    assert_no_lost_writes, cluster_toml, cluster_view, dispatcher_config, wait_primary, Rig, Writer, FAST,
 };
 use osprey_tests::fault_proxy::Mode;
 use osprey_tests::harness::{wait_for, Dispatcher};
+use osprey_tests::pki::TestCa;
 use serde_json::Value as Json;
 
 async fn start(rig: &Rig, extra: &str) -> anyhow::Result<Dispatcher> {
@@ -445,5 +447,142 @@ async fn ten_failovers_lose_no_acknowledged_write() -> anyhow::Result<()> {
         "{:?}",
         report.undispatched_errors
     );
+    Ok(())
+}
+
+/// `GET /delay` once `replicas` replicas are measured (`ok`, eligible, a delay, read after
+/// `after_ms`, unix ms) against the heartbeat of `primary`.
+async fn delay_measured(d: &Dispatcher, replicas: usize, primary: &str, after_ms: u64) -> Option<Json> {
+    let v = d.admin_get("/delay").await.ok()?;
+    let c = &v["clusters"][0];
+    let measured = c["replicas"].as_array()?.iter().filter(|r| {
+        r["status"] == "ok"
+            && r["eligible"] == true
+            && r["delay_ms"].is_u64()
+            && r["last_active"].as_u64().is_some_and(|t| t > after_ms)
+    });
+    (c["primary"]["name"] == primary && c["primary"]["status"] == "ok" && measured.count() == replicas).then_some(v)
+}
+
+/// Issue 21, item 4: a cluster whose members refuse plain TCP (`require_secure_transport`)
+/// is monitored, followed, failed over and delay-probed, because the dispatcher's own
+/// connections (monitor, topology provider, failover, delay probe, slow log) use the
+/// cluster's `ssl_mode` as the workers do. Before they did, the provider could not read a
+/// single member: the monitor marked all three down, no primary was found, no worker
+/// became idle, and `Dispatcher::start_with` timed out after 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_requires_secure_transport_is_monitored_fails_over_and_measures_delay() -> anyhow::Result<()> {
+    let ca = TestCa::new("db")?;
+    // The members are reached as 127.0.0.1: the name verify_identity checks.
+    let leaf = ca.server("mariadb", &["127.0.0.1"])?;
+    let sandbox = Sandbox::builder()
+        .replicas(2)
+        .tls(&leaf.cert_file, &leaf.key_file, &ca.cert_file)
+        .start()
+        .await?;
+    // The replicas' IO threads go over TLS (kept by the failover's CHANGE MASTER TO, which
+    // names only host, port and credentials); then every server refuses clear TCP. The
+    // sandbox's own set-up ran in clear, before this.
+    for r in sandbox.replicas() {
+        let mut c = r.admin_conn().await?;
+        c.query_drop("STOP SLAVE").await?;
+        c.query_drop("CHANGE MASTER TO master_ssl=1").await?;
+        c.query_drop("START SLAVE").await?;
+    }
+    sandbox.wait_replicas_caught_up(Duration::from_secs(20)).await?;
+    for i in sandbox.instances() {
+        i.admin_conn()
+            .await?
+            .query_drop("SET GLOBAL require_secure_transport=ON")
+            .await?;
+    }
+    // The scene: the monitor account is refused in clear (MariaDB says only "Access
+    // denied") and let in over TLS.
+    let refused = sandbox.primary().admin_conn().await.expect_err("clear TCP is refused");
+    assert!(refused.to_string().contains("1045"), "{refused}");
+    let over_tls = mysql_async::OptsBuilder::from_opts(sandbox.primary().admin_opts())
+        .ssl_opts(mysql_async::SslOpts::default().with_root_certs(vec![ca.cert_file.clone().into()]));
+    mysql_async::Conn::new(over_tls).await?.disconnect().await?;
+
+    // verify_identity: the chain to our CA and the name 127.0.0.1, on every connection.
+    let tls = format!(
+        "ssl_mode = \"verify_identity\"\nssl_ca = \"{}\"\n\
+         delay_period_ms = 200\ndelay_threshold_ms = 1000\ndelay_database = \"osprey_hb\"\n{FAST}",
+        ca.cert_file.display()
+    );
+    let members = sandbox.instances().map(|i| (i.name(), i.port()));
+    let clusters = cluster_toml(sandbox.primary(), "main", &tls, members);
+    // Any statement of 100 ms is slow (logged), none is blocked.
+    let intercept = "[intercept]\nslow_threshold_ms = 100\nslow_count = 1000\n";
+    let d = Dispatcher::start_with(dispatcher_config(&clusters, intercept)).await?;
+
+    // The provider reads the topology and the monitor sees every member up.
+    wait_primary(&d, None, Some("primary"), None, Duration::from_secs(20)).await?;
+    wait_for(Duration::from_secs(10), "every member up", || async {
+        let v = cluster_view(&d, None).await.ok()?;
+        let h = v["health"].as_array()?.clone();
+        (h.len() == 3 && h.iter().all(|h| h["state"] == "up")).then_some(())
+    })
+    .await?;
+    // The delay probe measures both replicas.
+    let before = wait_for(Duration::from_secs(10), "both replicas' delay measured", || {
+        delay_measured(&d, 2, "primary", 0)
+    })
+    .await?;
+    println!("/delay before the kill: {before}");
+
+    let client = d.client().await?;
+    client
+        .query("CREATE TABLE IF NOT EXISTS tls_failover (id INT PRIMARY KEY)", &[])
+        .await?;
+    client.query("INSERT INTO tls_failover VALUES (1)", &[]).await?;
+
+    let killed_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let killed = Instant::now();
+    sandbox.primary().kill();
+    let new = wait_primary(&d, None, None, Some("primary"), Duration::from_secs(15)).await?;
+    println!("failover over TLS to {new} in {:?}", killed.elapsed());
+
+    // Writes go on to the new primary (the workers were over TLS already) …
+    client.query("INSERT INTO tls_failover VALUES (2)", &[]).await?;
+    // … the other replica is re-pointed at it, over TLS, and its delay is measured
+    // against the new primary's heartbeat: rows read after the kill.
+    let other = if new == "replica-1" { "replica-2" } else { "replica-1" };
+    wait_for(Duration::from_secs(10), "the other replica re-pointed", || async {
+        (source_of(&d, other).await.as_deref() == Some(new.as_str())).then_some(())
+    })
+    .await?;
+    let after = wait_for(Duration::from_secs(15), "the other replica's delay measured", || {
+        delay_measured(&d, 1, &new, killed_ms)
+    })
+    .await?;
+    println!("/delay after the failover: {after}");
+    // The switch is logged once it is over (re-pointing included).
+    let ev = wait_for(Duration::from_secs(10), "the failover event", || async {
+        let ev = events(&d).await.ok()?;
+        (kinds(&ev, "failover") > 0).then_some(ev)
+    })
+    .await?;
+    assert_eq!(kinds(&ev, "failover"), 1, "{ev:?}");
+
+    // The slow log writes to the new primary too (read back through the dispatcher).
+    client.query("SELECT SLEEP(0.2)", &[]).await?;
+    wait_for(
+        Duration::from_secs(10),
+        "the slow log row on the new primary",
+        || async {
+            let r = client
+                .query(
+                    "SELECT COUNT(*) FROM osprey.slow_log WHERE sample LIKE 'SELECT SLEEP%'",
+                    &[],
+                )
+                .await
+                .ok()?;
+            (r.rows()[0].get::<i64>(0).ok()? >= 1).then_some(())
+        },
+    )
+    .await?;
     Ok(())
 }

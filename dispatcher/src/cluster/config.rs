@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use osprey_protocol::{Backend, BackendTls, SessionReset, SslMode, WorkerSettings};
 use serde::{Deserialize, Serialize};
 
+use crate::backend_conn::{Connector, Tls};
 use crate::pool::PoolConfig;
 
 /// Who decides which member is the primary.
@@ -277,6 +278,23 @@ impl ClusterConfig {
             self.monitor_user.clone().unwrap_or_else(|| self.user.clone()),
             self.monitor_password.clone().unwrap_or_else(|| self.password.clone()),
         )
+    }
+
+    /// The cluster's TLS settings, for the dispatcher's own connections to its members
+    /// (the workers get the same in their `BackendTls`, see `manager::worker_settings`).
+    pub fn tls(&self) -> Tls {
+        Tls {
+            mode: self.ssl_mode,
+            ca: self.ssl_ca.clone(),
+            server_name: self.ssl_server_name.clone(),
+        }
+    }
+
+    /// How the monitor, the topology providers, the failover and the delay probe reach
+    /// `member`: the monitor account, the cluster's TLS.
+    pub fn monitor_connector(&self, member: &MemberConfig) -> Connector {
+        let (user, password) = self.monitor_credentials();
+        Connector::new(&member.host, member.port, &user, &password, &self.tls())
     }
 
     /// `Some` when delay detection is on (all three settings given).

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder, Value};
+use mysql_async::{Conn, Value};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
+use crate::backend_conn::{ConnectError, Connector};
 use crate::cluster::config::{ClusterConfig, MemberConfig};
 use crate::cluster::events::EventLog;
 use crate::cluster::view::{ClusterView, SwitchEvent, SwitchStep};
@@ -36,29 +37,20 @@ impl ProbeError {
     }
 }
 
-/// One member's status connection (monitor credentials, TCP only). It is dropped on any
-/// error or timeout and made again on the next round, so a round never waits on a
-/// connection that a previous round left in an unknown state.
+/// One member's status connection (monitor credentials, the cluster's TLS, TCP only). It
+/// is dropped on any error or timeout and made again on the next round, so a round never
+/// waits on a connection that a previous round left in an unknown state.
 pub struct MemberConn {
-    opts: Opts,
+    connector: Connector,
     conn: Option<Conn>,
 }
 
 impl MemberConn {
     pub fn new(cluster: &ClusterConfig, member: &MemberConfig) -> MemberConn {
-        let (user, password) = cluster.monitor_credentials();
-        let opts = OptsBuilder::default()
-            .ip_or_hostname(member.host.clone())
-            .tcp_port(member.port)
-            .user(Some(user))
-            .pass(Some(password))
-            // Stay on TCP: a local connection would otherwise move to the Unix socket and stop
-            // seeing the network path (CRATE-NOTES).
-            .prefer_socket(false)
-            .max_allowed_packet(Some(16 * 1024 * 1024))
-            .wait_timeout(Some(28_800))
-            .into();
-        MemberConn { opts, conn: None }
+        MemberConn {
+            connector: cluster.monitor_connector(member),
+            conn: None,
+        }
     }
 
     /// Runs `sql` (text protocol) and returns its rows as optional strings, connecting
@@ -73,10 +65,10 @@ impl MemberConn {
         let conn = match self.conn.as_mut() {
             Some(conn) => conn,
             None => {
-                let conn = tokio::time::timeout(connect_timeout, Conn::new(self.opts.clone()))
-                    .await
-                    .map_err(|_| ProbeError::ConnectTimeout(connect_timeout))?
-                    .map_err(ProbeError::Connect)?;
+                let conn = self.connector.connect(connect_timeout).await.map_err(|e| match e {
+                    ConnectError::Timeout(after) => ProbeError::ConnectTimeout(after),
+                    ConnectError::Mysql(e) => ProbeError::Connect(e),
+                })?;
                 self.conn.insert(conn)
             }
         };

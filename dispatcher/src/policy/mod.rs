@@ -275,6 +275,7 @@ mod tests {
             port: p.port(),
             user: p.user().into(),
             password: p.password().into(),
+            tls: Default::default(),
         }));
         let (policy, _writer) = Policy::new(
             InterceptSettings {
@@ -381,6 +382,7 @@ mod tests {
             port,
             user: "u".into(),
             password: String::new(),
+            tls: Default::default(),
         }));
         let (policy, _writer) = Policy::new(
             InterceptSettings {

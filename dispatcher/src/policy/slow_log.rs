@@ -22,11 +22,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, OptsBuilder, Value};
+use mysql_async::{Conn, Value};
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+
+use crate::backend_conn::{ConnectError, Connector, Tls};
 
 /// Where the slow log goes: the cluster's current primary.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +37,8 @@ pub struct SlowLogTarget {
     pub port: u16,
     pub user: String,
     pub password: String,
+    /// The cluster's TLS settings, as the workers use them.
+    pub tls: Tls,
 }
 
 /// The slow log's settings (`[intercept]` `slow_log_*`).
@@ -301,14 +305,11 @@ impl Writer {
         }
         if self.conn.is_none() {
             let timeout = self.settings.timeout;
-            let opts = OptsBuilder::default()
-                .ip_or_hostname(target.host.clone())
-                .tcp_port(target.port)
-                .user(Some(target.user.clone()))
-                .pass(Some(target.password.clone()))
-                .prefer_socket(false)
-                .wait_timeout(Some(28_800));
-            let mut conn = Self::timed(timeout, Conn::new(opts)).await?;
+            let connector = Connector::new(&target.host, target.port, &target.user, &target.password, &target.tls);
+            let mut conn = connector.connect(timeout).await.map_err(|e| match e {
+                ConnectError::Timeout(after) => WriteError::Timeout(after),
+                ConnectError::Mysql(e) => WriteError::Mysql(e),
+            })?;
             self.counters.connects.inc();
             let (schema, table) = (&self.settings.schema, &self.settings.table);
             Self::timed(
@@ -408,6 +409,7 @@ mod tests {
             port: p.port(),
             user: p.user().into(),
             password: p.password().into(),
+            tls: Default::default(),
         }));
         let (log, _writer) = SlowLog::spawn(SlowLogSettings::default(), rx);
         let sql = "SELECT SLEEP(0.3), 'a long literal that is sampled'";
@@ -460,6 +462,7 @@ mod tests {
             port: hole_port,
             user: "root".into(),
             password: String::new(),
+            tls: Default::default(),
         }));
         let settings = SlowLogSettings {
             channel_capacity: 1000,
@@ -503,6 +506,7 @@ mod tests {
             port: p.port(),
             user: p.user().into(),
             password: p.password().into(),
+            tls: Default::default(),
         }))
         .unwrap();
         let d = osprey_sql::digest("SELECT 'after the switch'");

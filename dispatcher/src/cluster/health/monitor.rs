@@ -15,13 +15,14 @@
 //! Passive reports from the pool are taken between rounds (a report that comes during a
 //! round waits for its end, at most one interval).
 //!
-//! The monitor's session is plain TCP (no TLS yet), with the monitor credentials.
+//! The monitor's session is TCP with the cluster's TLS settings (`ssl_mode`; the `connect`
+//! factor stays a raw TCP connect), with the monitor credentials.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder};
+use mysql_async::Conn;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use super::Accumulator;
+use crate::backend_conn::{ConnectError, Connector, Tls};
 use crate::cluster::config::HealthConfig;
 use crate::cluster::view::{FactorResult, HealthState, MemberHealth};
 use crate::metrics::{FactorLabel, MemberLabel, Metrics};
@@ -43,6 +45,8 @@ pub struct MonitorTarget {
     /// The cluster's monitor credentials ([`crate::cluster::ClusterConfig::monitor_credentials`]).
     pub user: String,
     pub password: String,
+    /// The cluster's TLS settings ([`crate::cluster::ClusterConfig::tls`]).
+    pub tls: Tls,
 }
 
 /// How the rest of the dispatcher reads a member's health and reports what workers saw.
@@ -111,7 +115,7 @@ impl Factors {
 
 struct Monitor {
     target: MonitorTarget,
-    opts: Opts,
+    connector: Connector,
     cfg_rx: watch::Receiver<HealthConfig>,
     cfg: HealthConfig,
     acc: Accumulator,
@@ -136,18 +140,7 @@ impl Monitor {
         metrics: Arc<Metrics>,
         health_tx: watch::Sender<MemberHealth>,
     ) -> Monitor {
-        let opts = OptsBuilder::default()
-            .ip_or_hostname(target.host.clone())
-            .tcp_port(target.port)
-            .user(Some(target.user.clone()))
-            .pass(Some(target.password.clone()))
-            // Stay on TCP: the driver would otherwise move a local connection to the Unix
-            // socket, and the monitor would stop seeing the network path (CRATE-NOTES).
-            .prefer_socket(false)
-            // Known values, so that a reconnect is the handshake alone, with no queries.
-            .max_allowed_packet(Some(16 * 1024 * 1024))
-            .wait_timeout(Some(28_800))
-            .into();
+        let connector = Connector::new(&target.host, target.port, &target.user, &target.password, &target.tls);
         let cfg = cfg_rx.borrow_and_update().clone();
         let member_label = MemberLabel {
             cluster: target.cluster.clone(),
@@ -156,7 +149,7 @@ impl Monitor {
         Monitor {
             acc: Accumulator::new(&cfg),
             target,
-            opts,
+            connector,
             cfg_rx,
             cfg,
             conn: None,
@@ -292,12 +285,12 @@ impl Monitor {
             Some(conn) => conn,
             None => {
                 let limit = budget(self.cfg.connect_timeout(), deadline);
-                match tokio::time::timeout(limit, Conn::new(self.opts.clone())).await {
-                    Ok(Ok(conn)) => {
+                match self.connector.connect(limit).await {
+                    Ok(conn) => {
                         debug!(id = conn.id(), "monitor session connected");
                         self.conn.insert(conn)
                     }
-                    Ok(Err(e)) => {
+                    Err(ConnectError::Mysql(e)) => {
                         if let mysql_async::Error::Io(mysql_async::IoError::Io(io)) = &e {
                             if is_local_shortage(io) {
                                 self.local_trouble = true;
@@ -307,7 +300,7 @@ impl Monitor {
                         self.count_failure("ping");
                         return failure("ping", started, format!("connect: {e}"));
                     }
-                    Err(_) => {
+                    Err(ConnectError::Timeout(_)) => {
                         self.count_failure("ping");
                         return failure("ping", started, format!("connect timed out after {limit:?}"));
                     }

@@ -12,6 +12,7 @@ fn target(instance: &Instance) -> MonitorTarget {
         port: instance.port(),
         user: instance.user().into(),
         password: instance.password().into(),
+        tls: Default::default(),
     }
 }
 

@@ -35,7 +35,7 @@ mod switchover;
 
 use std::time::Duration;
 
-use mysql_async::{Conn, OptsBuilder};
+use mysql_async::Conn;
 
 pub use elect::{derive, elect, Derived};
 pub use facts::{MemberFacts, SlaveFacts};
@@ -43,6 +43,7 @@ pub use gtid::Gtid;
 pub use lock::lock_name;
 pub use provider::spawn_replication;
 
+use crate::backend_conn::ConnectError;
 use crate::cluster::{ClusterConfig, MemberConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -72,25 +73,17 @@ impl ReplError {
     }
 }
 
-/// A new connection to `member` with the monitor account, over TCP (never the socket:
-/// a fault proxy in front must see it), bounded by `timeout`.
+/// A new connection to `member` with the monitor account and the cluster's TLS, over
+/// TCP (never the socket: a fault proxy in front must see it), bounded by `timeout`.
 pub(crate) async fn connect(
     cluster: &ClusterConfig,
     member: &MemberConfig,
     timeout: Duration,
 ) -> Result<Conn, ReplError> {
-    let (user, pass) = cluster.monitor_credentials();
-    let opts = OptsBuilder::default()
-        .ip_or_hostname(member.host.clone())
-        .tcp_port(member.port)
-        .user(Some(user))
-        .pass(Some(pass))
-        .prefer_socket(false)
-        .max_allowed_packet(Some(16 * 1024 * 1024))
-        .wait_timeout(Some(28_800));
-    match tokio::time::timeout(timeout, Conn::new(opts)).await {
-        Ok(r) => r.map_err(|e| ReplError::mysql(&member.name, e)),
-        Err(_) => Err(ReplError::Timeout {
+    match cluster.monitor_connector(member).connect(timeout).await {
+        Ok(conn) => Ok(conn),
+        Err(ConnectError::Mysql(e)) => Err(ReplError::mysql(&member.name, e)),
+        Err(ConnectError::Timeout(_)) => Err(ReplError::Timeout {
             member: member.name.clone(),
             what: "connect".into(),
             after: timeout,
