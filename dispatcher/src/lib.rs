@@ -3,6 +3,7 @@
 //! serves the admin API. See `docs/` and `../shared/DESIGN.md`.
 
 pub mod admin;
+pub mod admit;
 pub mod backend_conn;
 pub mod client;
 pub mod cluster;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use osprey_protocol::{
-    Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError,
-    Request, Role, Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
+    Cancel, ErrorBody, ErrorCode, Frame, FrameCodec, GoAway, Hello, HelloAck, Kind, Origin, Ping, ProtocolError, Role,
+    Window, PROTOCOL_MAJOR, PROTOCOL_MINOR,
 };
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
@@ -18,12 +18,10 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
+use crate::admit::admit;
 use crate::client::tls::{ClientRead, ClientWrite, Progress, ServerTls};
 use crate::ctx::Ctx;
-use crate::policy::Blocked;
-use crate::pool::{Pool, SubmitError};
-use crate::request::job::Job;
-use crate::request::streams::{outbox, ClientShared, Inbox, OpenError};
+use crate::request::streams::{outbox, ClientShared, Inbox};
 
 type Reader = FramedRead<ClientRead, FrameCodec>;
 type Writer = FramedWrite<ClientWrite, FrameCodec>;
@@ -364,7 +362,7 @@ impl From<ErrorBody> for Closing {
 /// Handles one frame. Err: a connection-level problem; the connection closes.
 async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), Closing> {
     match frame.kind {
-        Kind::Request => Ok(open_stream(ctx, shared, own_payload(frame), draining).await?),
+        Kind::Request => Ok(admit(ctx, shared, own_payload(frame), draining).await?),
         Kind::Cancel => {
             let _: Cancel = frame.body().map_err(|e| protocol_error(&e))?;
             if shared.cancel(frame.stream) {
@@ -424,228 +422,6 @@ async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, drai
             format!("a client may not send {} frames", other.name()),
         )
         .into()),
-    }
-}
-
-async fn open_stream(
-    ctx: &Arc<Ctx>,
-    shared: &Arc<ClientShared>,
-    frame: Frame,
-    draining: bool,
-) -> Result<(), ErrorBody> {
-    let stream = frame.stream;
-    // Before anything is answered on this id: an answer to a duplicate would land on
-    // the stream that is still open.
-    if shared.is_open(stream) {
-        return Err(conn_error(
-            ErrorCode::DuplicateStream,
-            format!("stream {stream} is already open"),
-        ));
-    }
-    let request: Request = match frame.body() {
-        Ok(r) => r,
-        // Bad SQL text fails its stream alone; an undecodable body is a broken
-        // peer (docs/PROTOCOL.md): the connection closes.
-        Err(ProtocolError::BadUtf8) => {
-            ctx.metrics.outcome("bad_request");
-            shared.reject(stream, protocol_error(&ProtocolError::BadUtf8)).await;
-            return Ok(());
-        }
-        Err(e) => return Err(protocol_error(&e)),
-    };
-    if let Err(msg) = request.validate() {
-        ctx.metrics.outcome("bad_request");
-        shared.reject(stream, conn_error(ErrorCode::InvalidRequest, msg)).await;
-        return Ok(());
-    }
-    let Some(write) = ctx.group_for(request.cluster.as_deref()) else {
-        ctx.metrics.outcome("bad_request");
-        let msg = format!(
-            "unknown cluster {:?} (this dispatcher fronts {})",
-            request.cluster.as_deref().unwrap_or_default(),
-            ctx.groups.iter().map(|g| g.cluster()).collect::<Vec<_>>().join(", ")
-        );
-        shared.reject(stream, conn_error(ErrorCode::UnknownCluster, msg)).await;
-        return Ok(());
-    };
-    // Routing (read/write split): a read may go to a replica's read slots.
-    let group = match super::route::route(write, ctx.cluster(request.cluster.as_deref()).map(|c| &**c), &request) {
-        Ok(g) => g,
-        Err(why) => {
-            ctx.metrics.outcome("unavailable");
-            shared
-                .reject(stream, conn_error(ErrorCode::BackendUnavailable, why))
-                .await;
-            return Ok(());
-        }
-    };
-    let group = &group;
-    // Interception, before anything is reserved for the request: a blocked statement
-    // never reaches the pool. The digest is computed once and travels with the job to END.
-    let digest = if ctx.policy.intercept.enabled() {
-        match digest_and_check(ctx, &request) {
-            Ok(d) => d,
-            Err(blocked) => {
-                ctx.metrics.outcome("sql_blocked");
-                debug!(stream, digest = %blocked.id, "statement blocked");
-                shared.reject(stream, blocked.error_body()).await;
-                return Ok(());
-            }
-        }
-    } else {
-        None
-    };
-    let (mut guard, cancel) = match shared.open(stream) {
-        Ok(opened) => opened,
-        Err(OpenError::Duplicate) => {
-            return Err(conn_error(
-                ErrorCode::DuplicateStream,
-                format!("stream {stream} is already open"),
-            ));
-        }
-        Err(OpenError::TooMany) => {
-            ctx.metrics.outcome("too_many_streams");
-            let msg = format!(
-                "stream {stream} refused: {} streams already open on this connection",
-                ctx.config.limits.max_streams_per_connection
-            );
-            shared.reject(stream, conn_error(ErrorCode::TooManyStreams, msg)).await;
-            return Ok(());
-        }
-    };
-    // REQUEST payloads wait in memory until a worker takes them (up to max_payload each,
-    // max_streams per connection): bounded in bytes per connection and in all.
-    let limits = &ctx.config.limits;
-    let len = frame.payload.len();
-    if !guard.take_request_bytes(&shared.request_bytes, limits.max_request_bytes_per_connection, len)
-        || !guard.take_request_bytes(&ctx.request_bytes, limits.max_request_bytes, len)
-    {
-        ctx.metrics.outcome("queue_full");
-        guard
-            .fail(conn_error(
-                ErrorCode::QueueFull,
-                "the requests waiting on this connection (or on the dispatcher) already hold their byte budget",
-            ))
-            .await;
-        return Ok(());
-    }
-    if draining {
-        ctx.metrics.outcome("shutting_down");
-        guard
-            .fail(conn_error(
-                ErrorCode::ShuttingDown,
-                "the dispatcher is draining (GOAWAY sent)",
-            ))
-            .await;
-        return Ok(());
-    }
-    let received = std::time::Instant::now();
-    let job = Job {
-        guard,
-        cancel,
-        frame,
-        timeout: (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms)),
-        received,
-        queue_deadline: received + ctx.queue_timeout(),
-        attempts: 0,
-        digest,
-    };
-    // The throttle of the member the group targets now. A token at hand (or no limit)
-    // costs nothing more; a request that must wait for one waits in its own task, so
-    // that this connection's other streams keep being read.
-    if ctx.policy.throttle.any_limit() {
-        if let Some(member) = group.target_member() {
-            let key = Ctx::throttle_key(group.cluster(), &member);
-            if !ctx.policy.throttle.try_acquire(&key) {
-                tokio::spawn(submit_after_token(ctx.clone(), group.clone(), job, key).in_current_span());
-                return Ok(());
-            }
-        }
-    }
-    submit(ctx, group, job).await;
-    Ok(())
-}
-
-/// The digest of a single statement (checked), or `None` for a batch, each of whose
-/// statements is checked. `Err`: blocked.
-fn digest_and_check(ctx: &Ctx, request: &Request) -> Result<Option<osprey_sql::Digest>, Blocked> {
-    if request.batch.is_empty() {
-        let d = ctx.policy.digest(&request.sql);
-        ctx.policy.check(&d)?;
-        return Ok(Some(d));
-    }
-    for st in &request.batch {
-        ctx.policy.check(&ctx.policy.digest(&st.sql))?;
-    }
-    Ok(None)
-}
-
-/// Waits for `key`'s throttle token, then submits. The stream's guard answers on every
-/// path: CANCEL or the connection closing (its token is cancelled) while waiting, or
-/// THROTTLED (queue full at once, or no token within `throttle.wait_ms`).
-async fn submit_after_token(ctx: Arc<Ctx>, group: Arc<Pool>, job: Job, key: String) {
-    let cancel = job.cancel.clone();
-    let got = tokio::select! {
-        r = ctx.policy.acquire(&key) => r,
-        _ = cancel.cancelled() => {
-            job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting for a throttle token")
-                .await;
-            return;
-        }
-    };
-    match got {
-        Ok(()) => submit(&ctx, &group, job).await,
-        Err(throttled) => {
-            ctx.metrics.outcome("throttled");
-            debug!(member = %key, "throttled: {throttled}");
-            job.guard.fail(throttled.error_body()).await;
-        }
-    }
-}
-
-/// Hands the job to the group's wait queue; a refusal answers the stream. A read group
-/// that stopped serving between the routing and now passes the job to its fallback.
-async fn submit(ctx: &Arc<Ctx>, group: &Arc<Pool>, job: Job) {
-    let mut result = group.submit(job);
-    let mut group = group.clone();
-    while let Err((job, SubmitError::Unavailable)) = result {
-        let Some(fallback) = group.fallback() else {
-            result = Err((job, SubmitError::Unavailable));
-            break;
-        };
-        if let Some(reads) = ctx.cluster(Some(group.cluster())).and_then(|c| c.reads.as_ref()) {
-            reads.fallen_back("replica_lost");
-        }
-        result = fallback.submit(job);
-        group = fallback;
-    }
-    if let Err((job, e)) = result {
-        let (outcome, code, msg) = match e {
-            SubmitError::QueueFull => (
-                "queue_full",
-                ErrorCode::QueueFull,
-                "all workers busy and the wait queue is full",
-            ),
-            SubmitError::ConnectionQueueFull => (
-                "queue_full",
-                ErrorCode::QueueFull,
-                "this connection's requests waiting for a worker fill pool.queue_bytes_per_connection",
-            ),
-            SubmitError::ShuttingDown => (
-                "shutting_down",
-                ErrorCode::ShuttingDown,
-                "the dispatcher is shutting down",
-            ),
-            SubmitError::Cancelled => ("cancelled", ErrorCode::Cancelled, "cancelled"),
-            SubmitError::Unavailable => {
-                let why = group.unavailable_reason().unwrap_or_default();
-                let msg = format!("cluster {}: no member can serve: {why}", group.cluster());
-                job.fail(&ctx.metrics, "unavailable", ErrorCode::BackendUnavailable, &msg)
-                    .await;
-                return;
-            }
-        };
-        job.fail(&ctx.metrics, outcome, code, msg).await;
     }
 }
 

@@ -3,5 +3,4 @@
 
 pub mod connection;
 pub mod listen;
-pub mod route;
 pub mod tls;

@@ -1,18 +1,19 @@
-//! Which slot group a REQUEST goes to: the cluster's write group, or (read/write split)
-//! a replica's read group. The rules are in docs/ROUTING.md.
+//! Stage 3: which slot group a REQUEST goes to: the cluster's write group, or (read/write
+//! split) a replica's read group. The rules are in docs/ROUTING.md.
 
 use std::sync::Arc;
 
-use osprey_protocol::Request;
+use osprey_protocol::{ErrorCode, Request};
 use osprey_sql::route::{classify, Hint, Route};
 
+use crate::admit::Refusal;
 use crate::cluster::reads::ReadChoice;
 use crate::cluster::ClusterRuntime;
 use crate::pool::Pool;
 
-/// The group for `request` on `cluster`, whose write group is `write`; `Err` carries the
-/// message of a read refused for want of a replica (`read_fallback = "error"`).
-pub fn route(write: &Arc<Pool>, cluster: Option<&ClusterRuntime>, request: &Request) -> Result<Arc<Pool>, String> {
+/// The group for `request` on `cluster`, whose write group is `write`; refused: a read
+/// with no replica to serve it under `read_fallback = "error"`.
+pub fn route(write: &Arc<Pool>, cluster: Option<&ClusterRuntime>, request: &Request) -> Result<Arc<Pool>, Refusal> {
     let Some(reads) = cluster.and_then(|c| c.reads.as_ref()) else {
         return Ok(write.clone());
     };
@@ -43,6 +44,6 @@ pub fn route(write: &Arc<Pool>, cluster: Option<&ClusterRuntime>, request: &Requ
     match reads.pick(request.causal_gtid.as_deref()) {
         ReadChoice::Replica(pool) => Ok(pool),
         ReadChoice::Primary(_) => Ok(write.clone()),
-        ReadChoice::Refuse(why) => Err(why),
+        ReadChoice::Refuse(why) => Err(Refusal::new("unavailable", ErrorCode::BackendUnavailable, why)),
     }
 }

@@ -1,0 +1,36 @@
+//! Stage 1: the REQUEST's body, decoded and checked, and the cluster it names.
+
+use std::sync::Arc;
+
+use osprey_protocol::{ErrorBody, ErrorCode, Frame, Origin, ProtocolError, Request};
+
+use crate::admit::Refusal;
+use crate::ctx::Ctx;
+use crate::pool::Pool;
+
+/// The request in `frame`. `Ok(Err)`: it fails its stream alone (bad SQL text, a request
+/// that contradicts itself); `Err`: an undecodable body, a broken peer (docs/PROTOCOL.md):
+/// the connection closes with that error.
+pub fn decode(frame: &Frame) -> Result<Result<Request, Refusal>, ErrorBody> {
+    let request: Request = match frame.body() {
+        Ok(r) => r,
+        Err(e @ ProtocolError::BadUtf8) => return Ok(Err(Refusal::new("bad_request", e.code(), e.to_string()))),
+        Err(e) => return Err(ErrorBody::undispatched(Origin::Dispatcher, e.code(), e.to_string())),
+    };
+    if let Err(msg) = request.validate() {
+        return Ok(Err(Refusal::new("bad_request", ErrorCode::InvalidRequest, msg)));
+    }
+    Ok(Ok(request))
+}
+
+/// The write group of the cluster the request names (the first by default).
+pub fn cluster_group<'a>(ctx: &'a Ctx, request: &Request) -> Result<&'a Arc<Pool>, Refusal> {
+    ctx.group_for(request.cluster.as_deref()).ok_or_else(|| {
+        let msg = format!(
+            "unknown cluster {:?} (this dispatcher fronts {})",
+            request.cluster.as_deref().unwrap_or_default(),
+            ctx.groups.iter().map(|g| g.cluster()).collect::<Vec<_>>().join(", ")
+        );
+        Refusal::new("bad_request", ErrorCode::UnknownCluster, msg)
+    })
+}

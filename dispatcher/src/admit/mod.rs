@@ -1,0 +1,92 @@
+//! Admission: the way of every statement from a front end to a slot group, as explicit
+//! stages, each answering "next" or one [`Refusal`]:
+//!
+//! ```text
+//! decode (decode.rs) -> intercept (intercept.rs) -> route (route.rs)
+//!        -> reserve (reserve.rs) -> throttle (throttle.rs) -> submit (submit.rs)
+//! ```
+//!
+//! A front end calls [`admit`] and nothing else. A refusal before the stream is open is
+//! answered on its id (ERROR + END); from `reserve` on, the stream's guard answers it, so
+//! the closed loop holds whatever stage says no. Interception runs before routing (a
+//! blocked statement costs no routing decision and counts in no read-split figure).
+
+pub mod decode;
+pub mod intercept;
+pub mod refusal;
+pub mod reserve;
+pub mod route;
+pub mod submit;
+pub mod throttle;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use osprey_protocol::{ErrorBody, Frame};
+use tracing::debug;
+
+pub use refusal::Refusal;
+
+use crate::ctx::Ctx;
+use crate::request::job::Job;
+use crate::request::streams::ClientShared;
+
+/// Admits the REQUEST in `frame` from the client connection `shared`: every stage in
+/// order, then the job is on its way to a worker (or refused, its stream answered). `Err`:
+/// the peer is broken (an undecodable body, a duplicate stream id): the connection closes
+/// with that error.
+pub async fn admit(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), ErrorBody> {
+    let stream = frame.stream;
+    // Before anything is answered on this id: an answer to a duplicate would land on the
+    // stream that is still open.
+    if shared.is_open(stream) {
+        return Err(reserve::duplicate(stream));
+    }
+    let before_open = |refusal: Refusal| async move {
+        ctx.metrics.outcome(refusal.outcome);
+        shared.reject(stream, refusal.body()).await;
+        Ok(())
+    };
+    let request = match decode::decode(&frame)? {
+        Ok(r) => r,
+        Err(refusal) => return before_open(refusal).await,
+    };
+    let write = match decode::cluster_group(ctx, &request) {
+        Ok(g) => g,
+        Err(refusal) => return before_open(refusal).await,
+    };
+    let digest = match intercept::check(ctx, &request) {
+        Ok(d) => d,
+        Err(refusal) => {
+            debug!(stream, "statement blocked: {}", refusal.message);
+            return before_open(refusal).await;
+        }
+    };
+    let cluster = ctx.cluster(request.cluster.as_deref());
+    let group = match route::route(write, cluster.map(|c| &**c), &request) {
+        Ok(g) => g,
+        Err(refusal) => return before_open(refusal).await,
+    };
+    let (mut guard, cancel) = match reserve::open(ctx, shared, stream)? {
+        Ok(opened) => opened,
+        Err(refusal) => return before_open(refusal).await,
+    };
+    if let Err(refusal) = reserve::budget(ctx, shared, &mut guard, frame.payload.len(), draining) {
+        ctx.metrics.outcome(refusal.outcome);
+        guard.fail(refusal.body()).await;
+        return Ok(());
+    }
+    let received = Instant::now();
+    let job = Job {
+        guard,
+        cancel,
+        frame,
+        timeout: (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms)),
+        received,
+        queue_deadline: received + ctx.queue_timeout(),
+        attempts: 0,
+        digest,
+    };
+    throttle::then_submit(ctx, &group, job).await;
+    Ok(())
+}
