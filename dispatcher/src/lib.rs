@@ -1,6 +1,6 @@
 //! The Osprey dispatcher: accepts clients, supervises a pool of worker
 //! processes (one database connection each), relays requests to them and
-//! serves the admin API. See `docs/` and `../shared/DESIGN.md`.
+//! serves the admin API. A newcomer starts at `docs/ARCHITECTURE.md`.
 
 pub mod admin;
 pub mod admit;

@@ -217,7 +217,7 @@ pub struct ReadMetrics {
     pub fallbacks: Family<FallbackLabel, Counter>,
     /// 1 while the member's read slots serve reads, 0 while they do not.
     pub eligible: Family<MemberLabel, Gauge>,
-    /// The classifier's decisions, by route and reason (`osprey_sql::route::REASONS`).
+    /// The classifier's decisions, by route and reason (`osprey_sql::classify::REASONS`).
     pub decisions: Family<RouteLabel, Counter>,
 }
 

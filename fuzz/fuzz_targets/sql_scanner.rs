@@ -1,11 +1,11 @@
 //! The SQL text scanner (`osprey-sql`): `code_text`, `controls_session`,
-//! `touches_session_state`, `placeholders`, `is_plain_select`, `digest`, `route::classify`
+//! `touches_session_state`, `placeholders`, `is_plain_select`, `digest`, `classify::classify`
 //! and their invariants.
 //! Input: SQL text (bytes that are not UTF-8 are replaced, as no SQL reaches the
 //! scanner without passing the UTF-8 check).
 #![no_main]
 
-use osprey_sql::route::{classify, Hint, Route, REASONS};
+use osprey_sql::classify::{classify, Hint, Route, REASONS};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let sql = String::from_utf8_lossy(data);

@@ -1,11 +1,11 @@
 //! Read/write classification per request: the work the router adds to every request
-//! (`osprey_sql::route::classify`, one pass of the lexer; docs/BENCHMARKS.md).
+//! (`osprey_sql::classify::classify`, one pass of the lexer; docs/BENCHMARKS.md).
 //! `cargo bench -p osprey-sql --bench route`
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use osprey_sql::route::{classify, Route};
+use osprey_sql::classify::{classify, Route};
 
 fn bench(c: &mut Criterion) {
     let point = "SELECT * FROM t WHERE id = 1";

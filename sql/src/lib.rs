@@ -1,13 +1,13 @@
-//! The SQL text scanner shared by the worker (session-state scan) and, later, the
-//! dispatcher's classifier and digest: one place that knows MySQL's quoting and
-//! comment rules.
+//! The SQL text scanner shared by the worker (session-state scan) and the dispatcher's
+//! classifier (`classify`) and digest (`digest`): one place that knows MySQL's quoting
+//! and comment rules.
 //!
 //! It assumes the default `sql_mode` (backslash escapes, `"` strings); under
 //! `NO_BACKSLASH_ESCAPES` or `ANSI_QUOTES` it may misread a quote, which is why the
 //! worker offers `session_reset = "always"`.
 
+pub mod classify;
 mod digest;
-pub mod route;
 pub use digest::{digest, digest_hash, digest_id, parse_digest_id, Digest, KEYWORDS};
 
 /// Statements that control the transaction or take table locks, in any of the

@@ -1,7 +1,7 @@
 //! Properties of the classifier on arbitrary text: it never panics, is deterministic,
 //! ignores ASCII case, and a hint at the front always decides.
 
-use osprey_sql::route::{classify, Hint, Route, REASONS};
+use osprey_sql::classify::{classify, Hint, Route, REASONS};
 use osprey_sql::Piece;
 use proptest::prelude::*;
 

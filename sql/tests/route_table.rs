@@ -1,7 +1,7 @@
 //! The classification table of issue 11: statements and the route (and reason) each must
 //! get. `R` is a replica read; `P(why)` the primary for that reason; `HP`/`HR` a hint.
 
-use osprey_sql::route::{classify, reason::*, Decision, Hint, Route, REASONS, SIDE_EFFECT_FUNCTIONS};
+use osprey_sql::classify::{classify, reason::*, Decision, Hint, Route, REASONS, SIDE_EFFECT_FUNCTIONS};
 
 #[derive(Debug, Clone, Copy)]
 enum E {

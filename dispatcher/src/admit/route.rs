@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use osprey_protocol::{ErrorCode, Request};
-use osprey_sql::route::{classify, Hint, Route};
+use osprey_sql::classify::{classify, Hint, Route};
 
 use crate::admit::Refusal;
 use crate::cluster::reads::ReadChoice;

@@ -166,7 +166,7 @@ pub const SIDE_EFFECT_FUNCTIONS: &[&str] = &[
 /// Never panics, for any text; allocates nothing.
 ///
 /// ```
-/// use osprey_sql::route::{classify, Hint, Route};
+/// use osprey_sql::classify::{classify, Hint, Route};
 /// assert_eq!(classify("SELECT * FROM t WHERE id = 1").route, Route::Replica);
 /// assert_eq!(classify("SELECT * FROM t WHERE id = 1 FOR UPDATE").why, "locking read");
 /// assert_eq!(classify("SELECT last_insert_id()").why, "side-effect function");
