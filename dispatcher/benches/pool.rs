@@ -14,7 +14,7 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use osprey_dispatcher::metrics::Metrics;
 use osprey_dispatcher::pool::wait_queue::QueueLimits;
-use osprey_dispatcher::pool::{Next, Pool, WorkerLink, LINK_JOBS};
+use osprey_dispatcher::pool::{Next, SlotGroup, WorkerLink, LINK_JOBS};
 use osprey_dispatcher::request::job::Job;
 use osprey_dispatcher::request::streams::{outbox, ClientShared, Inbox};
 use osprey_protocol::{Frame, Kind};
@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 const WORKERS: u32 = 8;
 
 struct Fixture {
-    pool: Arc<Pool>,
+    pool: Arc<SlotGroup>,
     shared: Arc<ClientShared>,
     links: Vec<(u64, mpsc::Receiver<Job>)>,
     frame: Frame,
@@ -36,7 +36,7 @@ fn fixture() -> Fixture {
     let metrics = Arc::new(Metrics::new());
     // One client connection that may hold every worker: the cost per request of the
     // fair queue, not its caps, is measured.
-    let pool = Pool::new(
+    let pool = SlotGroup::new(
         WORKERS as usize,
         QueueLimits::uncapped(1024),
         "bench".into(),

@@ -12,14 +12,14 @@ use crate::cluster::ClusterRuntime;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
-use crate::pool::{Pool, GROUP_SLOTS};
+use crate::pool::{SlotGroup, GROUP_SLOTS};
 
 pub struct Ctx {
     pub config: Config,
     /// The first cluster's write slots (the default of a REQUEST without `cluster`).
-    pub pool: Arc<Pool>,
+    pub pool: Arc<SlotGroup>,
     /// Every slot group, group `g` owning slot ids `g * GROUP_SLOTS ..`.
-    pub groups: Vec<Arc<Pool>>,
+    pub groups: Vec<Arc<SlotGroup>>,
     /// The clusters, in configuration order (cluster `i` owns group `i`).
     pub clusters: Vec<Arc<ClusterRuntime>>,
     /// Switches of every cluster (`GET /cluster/events`).
@@ -50,7 +50,7 @@ impl Ctx {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: Config,
-        groups: Vec<Arc<Pool>>,
+        groups: Vec<Arc<SlotGroup>>,
         clusters: Vec<Arc<ClusterRuntime>>,
         events: Arc<EventLog>,
         metrics: Arc<Metrics>,
@@ -91,7 +91,7 @@ impl Ctx {
         }
     }
 
-    pub fn group_for(&self, cluster: Option<&str>) -> Option<&Arc<Pool>> {
+    pub fn group_for(&self, cluster: Option<&str>) -> Option<&Arc<SlotGroup>> {
         match cluster {
             None => self.groups.first(),
             Some(name) => self.groups.iter().find(|g| g.cluster() == name),
@@ -99,7 +99,7 @@ impl Ctx {
     }
 
     /// The group slot id `index` belongs to.
-    pub fn group_of_slot(&self, index: u32) -> Option<&Arc<Pool>> {
+    pub fn group_of_slot(&self, index: u32) -> Option<&Arc<SlotGroup>> {
         self.groups.get((index / GROUP_SLOTS) as usize)
     }
 

@@ -30,7 +30,7 @@ use crate::fds::{self, AcceptErrors, FdBudget};
 use crate::metrics::Metrics;
 use crate::policy::{Limit, Policy, SlowLogTarget};
 use crate::pool::supervisor::Supervisor;
-use crate::pool::Pool;
+use crate::pool::SlotGroup;
 
 /// How long workers get to finish the quit handshake at shutdown before they are killed.
 const WORKER_QUIT_LIMIT: Duration = Duration::from_secs(10);
@@ -109,10 +109,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .with_context(|| format!("binding admin listener {}", config.listen.admin))?;
 
     let initial = config.initial_pool_size();
-    let mut groups: Vec<Arc<Pool>> = clusters
+    let mut groups: Vec<Arc<SlotGroup>> = clusters
         .iter()
         .enumerate()
-        .map(|(i, (c, _))| Pool::with_base(i as u32, 0, config.queue_limits(), c.name.clone(), metrics.clone()))
+        .map(|(i, (c, _))| SlotGroup::with_base(i as u32, 0, config.queue_limits(), c.name.clone(), metrics.clone()))
         .collect();
     // After the write groups (group i = cluster i): one read group per member of each
     // cluster with the read/write split.
@@ -122,11 +122,11 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             reads.push(None);
             continue;
         }
-        let member_groups: Vec<Arc<Pool>> = c
+        let member_groups: Vec<Arc<SlotGroup>> = c
             .members
             .iter()
             .map(|m| {
-                let g = Pool::read_group(
+                let g = SlotGroup::read_group(
                     groups.len() as u32,
                     config.queue_limits(),
                     c.name.clone(),
@@ -239,7 +239,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             "drain_timeout passed; failing what is left"
         );
     }
-    // Pool first: workers killed by the requests that the abort fails must not be respawned.
+    // Slot groups first: workers killed by the requests that the abort fails must not be respawned.
     for group in &ctx.groups {
         group.shutdown();
     }
@@ -521,7 +521,7 @@ fn start_cluster(
     cluster: ClusterConfig,
     single: bool,
     config: &Config,
-    pool: Arc<Pool>,
+    pool: Arc<SlotGroup>,
     reads: Option<(Arc<Reads>, usize)>,
     events: &Arc<EventLog>,
     metrics: &Arc<Metrics>,

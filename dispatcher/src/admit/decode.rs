@@ -6,7 +6,7 @@ use osprey_protocol::{ErrorBody, ErrorCode, Frame, Origin, ProtocolError, Reques
 
 use crate::admit::Refusal;
 use crate::ctx::Ctx;
-use crate::pool::Pool;
+use crate::pool::SlotGroup;
 
 /// The request in `frame`. `Ok(Err)`: it fails its stream alone (bad SQL text, a request
 /// that contradicts itself); `Err`: an undecodable body, a broken peer (docs/PROTOCOL.md):
@@ -24,7 +24,7 @@ pub fn decode(frame: &Frame) -> Result<Result<Request, Refusal>, ErrorBody> {
 }
 
 /// The write group of the cluster the request names (the first by default).
-pub fn cluster_group<'a>(ctx: &'a Ctx, request: &Request) -> Result<&'a Arc<Pool>, Refusal> {
+pub fn cluster_group<'a>(ctx: &'a Ctx, request: &Request) -> Result<&'a Arc<SlotGroup>, Refusal> {
     ctx.group_for(request.cluster.as_deref()).ok_or_else(|| {
         let msg = format!(
             "unknown cluster {:?} (this dispatcher fronts {})",

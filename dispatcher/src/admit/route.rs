@@ -9,11 +9,15 @@ use osprey_sql::classify::{classify, Hint, Route};
 use crate::admit::Refusal;
 use crate::cluster::reads::ReadChoice;
 use crate::cluster::ClusterRuntime;
-use crate::pool::Pool;
+use crate::pool::SlotGroup;
 
 /// The group for `request` on `cluster`, whose write group is `write`; refused: a read
 /// with no replica to serve it under `read_fallback = "error"`.
-pub fn route(write: &Arc<Pool>, cluster: Option<&ClusterRuntime>, request: &Request) -> Result<Arc<Pool>, Refusal> {
+pub fn route(
+    write: &Arc<SlotGroup>,
+    cluster: Option<&ClusterRuntime>,
+    request: &Request,
+) -> Result<Arc<SlotGroup>, Refusal> {
     let Some(reads) = cluster.and_then(|c| c.reads.as_ref()) else {
         return Ok(write.clone());
     };

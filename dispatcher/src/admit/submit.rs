@@ -6,12 +6,12 @@ use osprey_protocol::ErrorCode;
 
 use crate::admit::Refusal;
 use crate::ctx::Ctx;
-use crate::pool::{Pool, SubmitError};
+use crate::pool::{SlotGroup, SubmitError};
 use crate::request::job::Job;
 
 /// Hands the job to the group; a refusal answers the stream. A read group that stopped
 /// serving between the routing and now passes the job to its fallback.
-pub async fn submit(ctx: &Arc<Ctx>, group: &Arc<Pool>, job: Job) {
+pub async fn submit(ctx: &Arc<Ctx>, group: &Arc<SlotGroup>, job: Job) {
     let mut result = group.submit(job);
     let mut group = group.clone();
     while let Err((job, SubmitError::Unavailable)) = result {
@@ -33,7 +33,7 @@ pub async fn submit(ctx: &Arc<Ctx>, group: &Arc<Pool>, job: Job) {
 }
 
 /// What the group's refusal tells the client.
-fn refusal(group: &Pool, e: SubmitError) -> Refusal {
+fn refusal(group: &SlotGroup, e: SubmitError) -> Refusal {
     match e {
         SubmitError::QueueFull => Refusal::new(
             "queue_full",

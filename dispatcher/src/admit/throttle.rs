@@ -9,11 +9,11 @@ use tracing::{debug, Instrument};
 
 use crate::admit::{submit, Refusal};
 use crate::ctx::Ctx;
-use crate::pool::Pool;
+use crate::pool::SlotGroup;
 use crate::request::job::Job;
 
 /// Submits `job` to `group` now, or once its member's throttle gives a token.
-pub async fn then_submit(ctx: &Arc<Ctx>, group: &Arc<Pool>, job: Job) {
+pub async fn then_submit(ctx: &Arc<Ctx>, group: &Arc<SlotGroup>, job: Job) {
     if ctx.policy.throttle.any_limit() {
         if let Some(member) = group.target_member() {
             let key = Ctx::throttle_key(group.cluster(), &member);
@@ -29,7 +29,7 @@ pub async fn then_submit(ctx: &Arc<Ctx>, group: &Arc<Pool>, job: Job) {
 /// Waits for `key`'s throttle token, then submits. The stream's guard answers on every
 /// path: CANCEL or the connection closing (its token is cancelled) while waiting, or
 /// THROTTLED (queue full at once, or no token within `throttle.wait_ms`).
-async fn after_token(ctx: Arc<Ctx>, group: Arc<Pool>, job: Job, key: String) {
+async fn after_token(ctx: Arc<Ctx>, group: Arc<SlotGroup>, job: Job, key: String) {
     let cancel = job.cancel.clone();
     let got = tokio::select! {
         r = ctx.policy.acquire(&key) => r,

@@ -29,7 +29,7 @@ use crate::cluster::view::{
     ClusterStatus, ClusterView, Command, HealthState, MemberHealth, ProviderHandle, SwitchEvent,
 };
 use crate::pool::PoolConfig;
-use crate::pool::{Pool, PoolView};
+use crate::pool::{PoolView, SlotGroup};
 
 /// A cluster's parts, as the admin API and SIGHUP reach them.
 pub struct ClusterRuntime {
@@ -39,7 +39,7 @@ pub struct ClusterRuntime {
     /// Member name and its monitor's output, in configuration order.
     pub health: Vec<(String, watch::Receiver<MemberHealth>)>,
     pub provider: ProviderHandle,
-    pub pool: Arc<Pool>,
+    pub pool: Arc<SlotGroup>,
     /// The read/write split's read side (`read_split`), `None` when off.
     pub reads: Option<Arc<Reads>>,
     replica_size: usize,
@@ -95,7 +95,7 @@ impl ClusterRuntime {
         pool_config: PoolConfig,
         health: Vec<(String, watch::Receiver<MemberHealth>)>,
         provider: ProviderHandle,
-        pool: Arc<Pool>,
+        pool: Arc<SlotGroup>,
         reads: Option<(Arc<Reads>, usize)>,
         follow_health: bool,
         shutdown: CancellationToken,

@@ -23,7 +23,7 @@ use crate::cluster::delay::{DelayView, ProbeStatus};
 use crate::cluster::view::{ClusterView, HealthState, Role};
 use crate::metrics::{FallbackLabel, MemberLabel, Metrics, RouteLabel};
 use crate::pool::PoolConfig;
-use crate::pool::{Pool, PoolView};
+use crate::pool::{PoolView, SlotGroup};
 
 /// What the delay probe says of each member, as far as reads care.
 #[derive(Debug, Clone, Default)]
@@ -70,7 +70,7 @@ impl ReadGate {
 
 /// Where a read goes.
 pub enum ReadChoice {
-    Replica(Arc<Pool>),
+    Replica(Arc<SlotGroup>),
     /// To the primary, and why (a metrics label).
     Primary(&'static str),
     /// `read_fallback = "error"` and no replica can serve it.
@@ -80,7 +80,7 @@ pub enum ReadChoice {
 /// One member that serves reads now.
 struct Serving {
     member: String,
-    pool: Arc<Pool>,
+    pool: Arc<SlotGroup>,
     /// What it is known to have applied (a lower bound: positions only grow).
     applied: GtidPos,
 }
@@ -100,7 +100,7 @@ pub struct ReadPoolReport {
 pub struct Reads {
     cluster: String,
     /// One read group per member, in configuration order.
-    groups: Vec<(String, Arc<Pool>)>,
+    groups: Vec<(String, Arc<SlotGroup>)>,
     serving: RwLock<Arc<Vec<Serving>>>,
     reasons: RwLock<BTreeMap<String, String>>,
     /// Spreads ties in "least outstanding" over the replicas.
@@ -112,8 +112,14 @@ pub struct Reads {
 impl Reads {
     /// `groups`: the read group of each member, in configuration order; `write`: the
     /// cluster's write group, the fallback of reads that cannot stay on a replica.
-    pub fn new(cluster: &ClusterConfig, groups: Vec<Arc<Pool>>, write: &Arc<Pool>, metrics: Arc<Metrics>) -> Reads {
-        let groups: Vec<(String, Arc<Pool>)> = cluster.members.iter().map(|m| m.name.clone()).zip(groups).collect();
+    pub fn new(
+        cluster: &ClusterConfig,
+        groups: Vec<Arc<SlotGroup>>,
+        write: &Arc<SlotGroup>,
+        metrics: Arc<Metrics>,
+    ) -> Reads {
+        let groups: Vec<(String, Arc<SlotGroup>)> =
+            cluster.members.iter().map(|m| m.name.clone()).zip(groups).collect();
         if cluster.read_fallback == ReadFallback::Primary {
             for (_, g) in &groups {
                 g.set_fallback(write.clone());
@@ -130,7 +136,7 @@ impl Reads {
         }
     }
 
-    pub fn groups(&self) -> impl Iterator<Item = &Arc<Pool>> {
+    pub fn groups(&self) -> impl Iterator<Item = &Arc<SlotGroup>> {
         self.groups.iter().map(|(_, g)| g)
     }
 

@@ -18,7 +18,7 @@ use tracing::{info, warn, Instrument};
 
 use crate::ctx::{constant_time_eq, Ctx};
 use crate::pool::relay::{Reader, Relay, Writer};
-use crate::pool::{Pool, WorkerLink, LINK_JOBS};
+use crate::pool::{SlotGroup, WorkerLink, LINK_JOBS};
 
 /// Largest frame read from a worker-socket connection before its `HELLO` has shown the
 /// worker secret, as on the client port (docs/PROTOCOL.md, section 15): a worker's
@@ -107,7 +107,7 @@ async fn register(
     reader: &mut Reader,
     writer: &mut Writer,
     peer_pid: Option<u32>,
-) -> Result<(Arc<Pool>, u32, u64, Ready), RegisterError> {
+) -> Result<(Arc<SlotGroup>, u32, u64, Ready), RegisterError> {
     let deadline = Duration::from_millis(ctx.config.pool.register_timeout_ms);
     let first = timeout(deadline, reader.next())
         .await

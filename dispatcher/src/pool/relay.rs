@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use crate::ctx::Ctx;
 use crate::pool::stash::{next_frame, Stash};
-use crate::pool::{Next, Pool, SubmitError};
+use crate::pool::{Next, SlotGroup, SubmitError};
 use crate::request::job::{fail_later, Job, MAX_DISPATCH_ATTEMPTS};
 use crate::request::streams::StreamGuard;
 
@@ -155,7 +155,7 @@ enum GiveUp {
 pub struct Relay {
     ctx: Arc<Ctx>,
     /// The slot group the worker belongs to.
-    pool: Arc<Pool>,
+    pool: Arc<SlotGroup>,
     slot: u32,
     generation: u64,
     reader: Reader,
@@ -189,7 +189,7 @@ pub struct Relay {
 impl Relay {
     pub fn new(
         ctx: Arc<Ctx>,
-        pool: Arc<Pool>,
+        pool: Arc<SlotGroup>,
         (slot, generation): (u32, u64),
         reader: Reader,
         writer: Writer,
@@ -1467,13 +1467,13 @@ impl Relay {
 }
 
 /// Hands a job that never reached its worker to another one.
-fn give_back(ctx: &Ctx, pool: &Arc<Pool>, job: Job) {
+fn give_back(ctx: &Ctx, pool: &Arc<SlotGroup>, job: Job) {
     give_back_counted(ctx, pool, job, true)
 }
 
 /// [`give_back`]; `vanished`: its worker vanished (counts towards
 /// [`MAX_DISPATCH_ATTEMPTS`]), rather than handing it back alive (a reclaim).
-fn give_back_counted(ctx: &Ctx, pool: &Arc<Pool>, mut job: Job, vanished: bool) {
+fn give_back_counted(ctx: &Ctx, pool: &Arc<SlotGroup>, mut job: Job, vanished: bool) {
     job.attempts += u32::from(vanished);
     let failed: Option<(Job, &'static str, ErrorCode, Cow<'static, str>)> = if job.attempts >= MAX_DISPATCH_ATTEMPTS {
         Some((

@@ -16,7 +16,7 @@ use tokio::time::{sleep, Instant};
 use tracing::{error, info, warn, Instrument};
 
 use crate::ctx::Ctx;
-use crate::pool::{Pool, Spawn};
+use crate::pool::{SlotGroup, Spawn};
 
 /// Worker exit codes (see the worker's crate docs).
 const EXIT_FATAL_DB: i32 = 2;
@@ -80,7 +80,7 @@ impl Supervisor {
 
     /// Sets the number of slots of one group: starts tasks for new slots; extra slots
     /// retire through the quit handshake (their tasks end when the process exits).
-    pub fn resize_group(self: &Arc<Self>, pool: &Arc<Pool>, size: usize) {
+    pub fn resize_group(self: &Arc<Self>, pool: &Arc<SlotGroup>, size: usize) {
         // Held across choosing the new indices and registering them, so that two
         // resizes (admin, SIGHUP, elastic loop) cannot pick the same free index.
         let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
@@ -101,7 +101,7 @@ impl Supervisor {
         }
     }
 
-    /// Waits until every slot task has ended (after `Pool::shutdown`).
+    /// Waits until every slot task has ended (after `SlotGroup::shutdown`).
     pub async fn wait_all(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         loop {
@@ -127,7 +127,7 @@ impl Supervisor {
 
     async fn run_slot(
         self: Arc<Self>,
-        pool: Arc<Pool>,
+        pool: Arc<SlotGroup>,
         index: u32,
         mut kill_rx: mpsc::UnboundedReceiver<&'static str>,
     ) {
@@ -213,7 +213,7 @@ impl Supervisor {
     /// Starts the worker process of `index` and records its pid in the pool *before*
     /// handing it the secret: the worker can register as soon as it has the secret, and
     /// its registration is checked against that pid.
-    async fn spawn(&self, pool: &Pool, index: u32, generation: u64) -> std::io::Result<Child> {
+    async fn spawn(&self, pool: &SlotGroup, index: u32, generation: u64) -> std::io::Result<Child> {
         let mut cmd = Command::new(&self.worker_binary);
         cmd.arg("--socket")
             .arg(&self.socket_path)
@@ -252,7 +252,7 @@ impl Supervisor {
 
     async fn watch(
         &self,
-        pool: &Pool,
+        pool: &SlotGroup,
         mut child: Child,
         index: u32,
         generation: u64,
@@ -288,7 +288,7 @@ impl Supervisor {
         };
         let shrink_after = Duration::from_secs(self.ctx.config.pool.shrink_after_s.max(1));
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let groups: Vec<Arc<Pool>> = self
+        let groups: Vec<Arc<SlotGroup>> = self
             .ctx
             .groups
             .iter()
