@@ -1,6 +1,5 @@
 //! Process-wide state shared by the listeners, connections and the supervisor.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,9 @@ use crate::cluster::ClusterRuntime;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
-use crate::pool::{SlotGroup, GROUP_SLOTS};
+use crate::pool::env::{LinkBounds, WorkerEnv};
+use crate::pool::SlotGroup;
+use crate::secrets::constant_time_eq;
 
 pub struct Ctx {
     pub config: Config,
@@ -30,8 +31,6 @@ pub struct Ctx {
     pub policy: Arc<Policy>,
     pub client_tokens: Vec<String>,
     pub admin_token: String,
-    /// Per-boot secret a worker must present; handed to workers on stdin.
-    pub secret: String,
     /// SIGTERM: stop accepting, GOAWAY every client, let in-flight requests finish.
     pub draining: CancellationToken,
     /// The drain deadline passed (or a second signal): fail what is left.
@@ -43,7 +42,8 @@ pub struct Ctx {
     pub handshakes: Arc<Semaphore>,
     /// Bytes of REQUEST payload all open client streams may hold (`limits.max_request_bytes`).
     pub request_bytes: Arc<Semaphore>,
-    next_conn_id: AtomicU64,
+    /// What the supervisor, the worker links and their relays see of all this.
+    pub workers: Arc<WorkerEnv>,
 }
 
 impl Ctx {
@@ -63,7 +63,28 @@ impl Ctx {
         let request_bytes = Arc::new(Semaphore::new(
             config.limits.max_request_bytes.clamp(1, u32::MAX as usize),
         ));
+        let draining = CancellationToken::new();
+        let abort = CancellationToken::new();
+        let bounds = LinkBounds {
+            keepalive_interval: Duration::from_millis(config.timeouts.keepalive_interval_ms),
+            keepalive_timeout: Duration::from_millis(config.timeouts.keepalive_timeout_ms),
+            request_timeout: Duration::from_millis(config.timeouts.request_timeout_ms),
+            client_write_timeout: Duration::from_millis(config.limits.client_write_timeout_ms),
+            cancel_grace: Duration::from_millis(config.timeouts.cancel_grace_ms),
+            max_payload: config.limits.max_payload,
+        };
+        let workers = Arc::new(WorkerEnv::new(
+            groups.clone(),
+            config.pool.clone(),
+            bounds,
+            secret,
+            metrics.clone(),
+            policy.clone(),
+            draining.clone(),
+            abort.clone(),
+        ));
         Ctx {
+            workers,
             handshakes,
             request_bytes,
             config,
@@ -75,11 +96,9 @@ impl Ctx {
             policy,
             client_tokens,
             admin_token,
-            secret,
-            draining: CancellationToken::new(),
-            abort: CancellationToken::new(),
+            draining,
+            abort,
             started: Instant::now(),
-            next_conn_id: AtomicU64::new(1),
         }
     }
 
@@ -100,7 +119,7 @@ impl Ctx {
 
     /// The group slot id `index` belongs to.
     pub fn group_of_slot(&self, index: u32) -> Option<&Arc<SlotGroup>> {
-        self.groups.get((index / GROUP_SLOTS) as usize)
+        self.workers.group_of_slot(index)
     }
 
     /// The throttle bucket of `member` of `cluster`: two clusters never share one.
@@ -109,7 +128,7 @@ impl Ctx {
     }
 
     pub fn next_conn_id(&self) -> u64 {
-        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
+        self.workers.next_conn_id()
     }
 
     pub fn queue_timeout(&self) -> Duration {
@@ -146,16 +165,4 @@ impl Ctx {
             found.or(hit.then_some(i as u32))
         })
     }
-}
-
-/// Equality whose time depends only on the lengths, not on where the bytes differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// 256 random bits as hex: secrets and generated tokens.
-pub fn random_token() -> String {
-    let a: u128 = rand::random();
-    let b: u128 = rand::random();
-    format!("{a:032x}{b:032x}")
 }

@@ -15,4 +15,5 @@ pub mod metrics;
 pub mod policy;
 pub mod pool;
 pub mod request;
+pub mod secrets;
 pub mod server;

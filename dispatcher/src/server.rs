@@ -24,13 +24,14 @@ use crate::cluster::{
     galera, group_replication, manager, ClusterConfig, ClusterRuntime, FailoverConfig, HealthConfig, Topology,
 };
 use crate::config::{self, Config};
-use crate::ctx::{random_token, Ctx};
+use crate::ctx::Ctx;
 use crate::embedded::{self, Embedded};
 use crate::fds::{self, AcceptErrors, FdBudget};
 use crate::metrics::Metrics;
 use crate::policy::{Limit, Policy, SlowLogTarget};
 use crate::pool::supervisor::Supervisor;
 use crate::pool::SlotGroup;
+use crate::secrets::random_token;
 
 /// How long workers get to finish the quit handshake at shutdown before they are killed.
 const WORKER_QUIT_LIMIT: Duration = Duration::from_secs(10);
@@ -179,7 +180,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         admin_token,
         random_token(),
     ));
-    let supervisor = Supervisor::new(ctx.clone(), worker_binary, socket_path.clone());
+    let supervisor = Supervisor::new(ctx.workers.clone(), worker_binary, socket_path.clone());
     supervisor.resize(initial);
     supervisor.follow_read_sizes();
     tokio::spawn(supervisor.clone().run_elastic());
@@ -312,7 +313,7 @@ async fn accept_workers(ctx: Arc<Ctx>, listener: UnixListener) {
     loop {
         match listener.accept().await {
             Ok((socket, _)) => {
-                tokio::spawn(crate::pool::link::serve(ctx.clone(), socket));
+                tokio::spawn(crate::pool::link::serve(ctx.workers.clone(), socket));
             }
             Err(e) => errors.failed(&e, &ctx.metrics).await,
         }

@@ -39,11 +39,12 @@ use tracing::debug;
 
 use crate::admin::admission::{Admission, Admitted, Held};
 use crate::config;
-use crate::ctx::{constant_time_eq, Ctx};
+use crate::ctx::Ctx;
 use crate::fds::{self, AcceptErrors, FdBudget};
 use crate::metrics::{GroupLabel, SlotLabel};
 use crate::pool::supervisor::Supervisor;
 use crate::pool::{PoolView, SlotView};
+use crate::secrets::constant_time_eq;
 
 /// Largest request head (start line and headers): admin requests are a few hundred
 /// bytes. A larger head gets 431 and the connection is closed.

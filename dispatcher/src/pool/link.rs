@@ -16,9 +16,10 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Instrument};
 
-use crate::ctx::{constant_time_eq, Ctx};
+use crate::pool::env::WorkerEnv;
 use crate::pool::relay::{Reader, Relay, Writer};
 use crate::pool::{SlotGroup, WorkerLink, LINK_JOBS};
+use crate::secrets::constant_time_eq;
 
 /// Largest frame read from a worker-socket connection before its `HELLO` has shown the
 /// worker secret, as on the client port (docs/PROTOCOL.md, section 15): a worker's
@@ -58,14 +59,14 @@ impl RegisterError {
 }
 
 /// Serves one accepted worker connection until it ends.
-pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
+pub async fn serve(env: Arc<WorkerEnv>, socket: UnixStream) {
     let peer_pid = socket.peer_cred().ok().and_then(|c| c.pid()).map(|p| p as u32);
     let (rd, wr) = socket.into_split();
     // Until HELLO has shown the secret, one HELLO's worth at most (and the read buffer's
     // 8 KiB); `register` lifts the bound once it has.
     let mut reader = FramedRead::new(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD));
-    let mut writer = FramedWrite::new(wr, FrameCodec::new(ctx.config.limits.max_payload));
-    let (pool, slot, generation, ready) = match register(&ctx, &mut reader, &mut writer, peer_pid).await {
+    let mut writer = FramedWrite::new(wr, FrameCodec::new(env.bounds.max_payload));
+    let (pool, slot, generation, ready) = match register(&env, &mut reader, &mut writer, peer_pid).await {
         Ok(r) => r,
         Err(e) => {
             warn!(peer_pid, "worker registration failed: {e}");
@@ -86,7 +87,7 @@ pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
         };
         if pool.worker_ready(slot, generation, link, ready.db_connection_id) {
             Relay::new(
-                ctx.clone(),
+                env.clone(),
                 pool.clone(),
                 (slot, generation),
                 reader,
@@ -103,12 +104,12 @@ pub async fn serve(ctx: Arc<Ctx>, socket: UnixStream) {
 }
 
 async fn register(
-    ctx: &Ctx,
+    env: &WorkerEnv,
     reader: &mut Reader,
     writer: &mut Writer,
     peer_pid: Option<u32>,
 ) -> Result<(Arc<SlotGroup>, u32, u64, Ready), RegisterError> {
-    let deadline = Duration::from_millis(ctx.config.pool.register_timeout_ms);
+    let deadline = Duration::from_millis(env.pool.register_timeout_ms);
     let first = timeout(deadline, reader.next())
         .await
         .map_err(|_| RegisterError::Timeout)?;
@@ -124,7 +125,7 @@ async fn register(
     let secret_ok = hello
         .secret
         .as_deref()
-        .is_some_and(|s| constant_time_eq(s.as_bytes(), ctx.secret.as_bytes()));
+        .is_some_and(|s| constant_time_eq(s.as_bytes(), env.secret.as_bytes()));
     if hello.role != Role::Worker || !secret_ok {
         return Err(RegisterError::Refused("wrong role or worker secret".into()));
     }
@@ -133,7 +134,7 @@ async fn register(
         .ok_or_else(|| RegisterError::Refused("HELLO without slot".into()))?;
     // The kernel's word on who connected (SO_PEERCRED) must match the process we spawned.
     let not_waiting = || RegisterError::Refused(format!("slot {slot} is not waiting for a worker"));
-    let pool = ctx.group_of_slot(slot).ok_or_else(not_waiting)?.clone();
+    let pool = env.group_of_slot(slot).ok_or_else(not_waiting)?.clone();
     let (generation, pid) = pool.expected_registration(slot).ok_or_else(not_waiting)?;
     // The settings of the member the slot was spawned for (it may have been re-targeted
     // since: the pool then retires this worker as soon as it is ready).
@@ -144,15 +145,15 @@ async fn register(
         )));
     }
     // Authenticated (secret, slot, pid): the worker's frames may now be of any size.
-    reader.decoder_mut().set_max_payload(ctx.config.limits.max_payload);
+    reader.decoder_mut().set_max_payload(env.bounds.max_payload);
     let ack = HelloAck {
         version_major: PROTOCOL_MAJOR,
         version_minor: PROTOCOL_MINOR,
         server: format!("osprey-dispatcher {}", env!("CARGO_PKG_VERSION")),
-        connection_id: ctx.next_conn_id(),
-        max_payload: ctx.config.limits.max_payload as u32,
-        max_streams: ctx.config.pool.pipeline_depth as u32,
-        keepalive_interval_ms: ctx.config.timeouts.keepalive_interval_ms,
+        connection_id: env.next_conn_id(),
+        max_payload: env.bounds.max_payload as u32,
+        max_streams: env.pool.pipeline_depth as u32,
+        keepalive_interval_ms: env.bounds.keepalive_interval.as_millis() as u64,
         worker: Some(settings.clone()),
         stream_window: 0,
     };

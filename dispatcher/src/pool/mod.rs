@@ -3,6 +3,7 @@
 //! registered worker, and the relay of a request's frames.
 
 pub mod config;
+pub mod env;
 pub mod group;
 pub mod link;
 pub mod relay;
@@ -11,4 +12,5 @@ pub mod supervisor;
 pub mod wait_queue;
 
 pub use config::PoolConfig;
+pub use env::{LinkBounds, WorkerEnv};
 pub use group::*;

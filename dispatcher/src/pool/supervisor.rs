@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio::time::{sleep, Instant};
 use tracing::{error, info, warn, Instrument};
 
-use crate::ctx::Ctx;
+use crate::pool::env::WorkerEnv;
 use crate::pool::{SlotGroup, Spawn};
 
 /// Worker exit codes (see the worker's crate docs).
@@ -25,16 +25,16 @@ const EXIT_BACKEND_UNAVAILABLE: i32 = 3;
 const HEALTHY_LIFETIME: Duration = Duration::from_secs(5);
 
 pub struct Supervisor {
-    ctx: Arc<Ctx>,
+    env: Arc<WorkerEnv>,
     worker_binary: PathBuf,
     socket_path: PathBuf,
     tasks: std::sync::Mutex<JoinSet<()>>,
 }
 
 impl Supervisor {
-    pub fn new(ctx: Arc<Ctx>, worker_binary: PathBuf, socket_path: PathBuf) -> Arc<Supervisor> {
+    pub fn new(env: Arc<WorkerEnv>, worker_binary: PathBuf, socket_path: PathBuf) -> Arc<Supervisor> {
         Arc::new(Supervisor {
-            ctx,
+            env,
             worker_binary,
             socket_path,
             tasks: std::sync::Mutex::new(JoinSet::new()),
@@ -46,7 +46,7 @@ impl Supervisor {
     /// Sets the number of write slots of every cluster (read groups follow their
     /// cluster's wish instead: [`Supervisor::follow_read_sizes`]).
     pub fn resize(self: &Arc<Self>, size: usize) {
-        for pool in self.ctx.groups.clone() {
+        for pool in self.env.groups.clone() {
             if pool.read_member().is_none() {
                 self.resize_group(&pool, size);
             }
@@ -56,12 +56,12 @@ impl Supervisor {
     /// Keeps each read group at the size its cluster's follower asks for
     /// (`pool.replica_size` while its member is a replica, 0 otherwise).
     pub fn follow_read_sizes(self: &Arc<Self>) {
-        for pool in self.ctx.groups.clone() {
+        for pool in self.env.groups.clone() {
             if pool.read_member().is_none() {
                 continue;
             }
             let sup = self.clone();
-            let draining = self.ctx.draining.clone();
+            let draining = self.env.draining.clone();
             tokio::spawn(async move {
                 let mut wanted = pool.wanted_size();
                 loop {
@@ -131,7 +131,7 @@ impl Supervisor {
         index: u32,
         mut kill_rx: mpsc::UnboundedReceiver<&'static str>,
     ) {
-        let cfg = &self.ctx.config.pool;
+        let cfg = &self.env.pool;
         let min_backoff = Duration::from_millis(cfg.respawn_backoff_min_ms);
         let max_backoff = Duration::from_millis(cfg.respawn_backoff_max_ms);
         let mut backoff = min_backoff;
@@ -148,13 +148,13 @@ impl Supervisor {
                 Spawn::NoTarget => {
                     tokio::select! {
                         _ = target.changed() => {}
-                        _ = self.ctx.draining.cancelled() => return,
+                        _ = self.env.draining.cancelled() => return,
                     }
                     continue;
                 }
             };
             if !first {
-                self.ctx.metrics.respawns.inc();
+                self.env.metrics.respawns.inc();
             }
             first = false;
             let started = Instant::now();
@@ -171,7 +171,7 @@ impl Supervisor {
             };
             let code = status.and_then(|s| s.code());
             if code == Some(EXIT_FATAL_DB) {
-                self.ctx.metrics.fatal_exits.inc();
+                self.env.metrics.fatal_exits.inc();
                 pool.report_passive(index, generation, "a worker lost its database session");
             }
             if code == Some(EXIT_BACKEND_UNAVAILABLE) {
@@ -193,7 +193,7 @@ impl Supervisor {
                 // waiting for these workers.
                 let retargeted = tokio::select! {
                     _ = sleep(backoff) => false,
-                    _ = self.ctx.draining.cancelled() => false,
+                    _ = self.env.draining.cancelled() => false,
                     _ = target.changed() => true,
                 };
                 backoff = if retargeted {
@@ -219,7 +219,7 @@ impl Supervisor {
             .arg(&self.socket_path)
             .arg("--slot")
             .arg(index.to_string())
-            .env("RUST_LOG", &self.ctx.config.pool.worker_log)
+            .env("RUST_LOG", &self.env.pool.worker_log)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -244,7 +244,7 @@ impl Supervisor {
         pool.set_pid(index, generation, child.id().unwrap_or(0));
         // The secret goes over a pipe: not visible in ps or /proc/PID/environ.
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(self.ctx.secret.as_bytes()).await?;
+            stdin.write_all(self.env.secret.as_bytes()).await?;
             stdin.write_all(b"\n").await?;
         }
         Ok(child)
@@ -260,7 +260,7 @@ impl Supervisor {
     ) -> Option<ExitStatus> {
         // The same budget the worker link allows: register, then open the database session.
         let connect = pool.settings_for(index, generation).map_or(0, |s| s.connect_timeout_ms);
-        let budget = self.ctx.config.pool.register_timeout_ms + connect;
+        let budget = self.env.pool.register_timeout_ms + connect;
         let register_deadline = Instant::now() + Duration::from_millis(budget);
         let mut checking_registration = true;
         loop {
@@ -283,13 +283,13 @@ impl Supervisor {
 
     /// Elastic mode: grow while requests wait, shrink after sustained idleness.
     pub async fn run_elastic(self: Arc<Self>) {
-        let (Some(min), Some(max)) = (self.ctx.config.pool.min, self.ctx.config.pool.max) else {
+        let (Some(min), Some(max)) = (self.env.pool.min, self.env.pool.max) else {
             return;
         };
-        let shrink_after = Duration::from_secs(self.ctx.config.pool.shrink_after_s.max(1));
+        let shrink_after = Duration::from_secs(self.env.pool.shrink_after_s.max(1));
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let groups: Vec<Arc<SlotGroup>> = self
-            .ctx
+            .env
             .groups
             .iter()
             .filter(|g| g.read_member().is_none())
@@ -299,7 +299,7 @@ impl Supervisor {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = self.ctx.draining.cancelled() => return,
+                _ = self.env.draining.cancelled() => return,
             }
             for (pool, idle_since) in groups.iter().zip(idle_since.iter_mut()) {
                 let size = pool.target_size();
