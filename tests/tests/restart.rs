@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use nix::sys::signal::Signal;
 use osprey_client::{Client, ClientConfig, Error, ErrorCode, Origin, Request, RequestExt, Value};
-use osprey_tests::harness::{process_alive, wait_for, wait_no_stray_workers, Cluster, Dispatcher};
+use osprey_tests::harness::{bin_dir, process_alive, wait_for, wait_no_stray_workers, Cluster, Dispatcher};
 
 fn describe(e: &Error) -> String {
     format!(
@@ -268,6 +268,82 @@ async fn drain_timeout_fails_what_is_left() {
         (s.streams_closed, 0),
         "client stats {s:?}"
     );
+    wait_no_stray_workers(&pids, Duration::from_secs(3))
+        .await
+        .expect("workers gone");
+}
+
+/// `osprey_worker_respawns_total` from `/metrics`.
+async fn respawns(d: &Dispatcher) -> u64 {
+    let text = d
+        .metrics()
+        .await
+        .expect("GET /metrics (a slot retrying without pause starves the admin port)");
+    text.lines()
+        .find_map(|l| l.strip_prefix("osprey_worker_respawns_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("osprey_worker_respawns_total") as u64
+}
+
+/// A slot whose worker cannot be started keeps backing off during a drain. Its binary is
+/// removed and its idle worker killed, so every respawn fails; then SIGTERM with a long
+/// request in flight (drain_timeout 3 s). Before the fix, the drain ended the back-off
+/// at once on every round and the slot retried without pause (thousands of attempts a
+/// second, one core spinning); now it tries once per `respawn_backoff_*` and the drain
+/// ends on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_that_cannot_respawn_backs_off_during_a_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = dir.path().join("osprey-worker");
+    std::fs::copy(bin_dir().join("osprey-worker"), &worker).unwrap();
+    let Cluster {
+        mut dispatcher,
+        sandbox: _sandbox,
+    } = Cluster::start(&format!(
+        "[pool]\nsize = 2\nworker_binary = {:?}\nrespawn_backoff_min_ms = 200\nrespawn_backoff_max_ms = 200\n\
+         [timeouts]\ndrain_timeout_ms = 3000\n",
+        worker.display().to_string()
+    ))
+    .await
+    .expect("cluster");
+    let d = &mut dispatcher;
+    let client = d.client().await.unwrap();
+    let h = long_request(d, &client, 20).await;
+    let status = d.status().await.unwrap();
+    let idle: Vec<u32> = status["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "idle")
+        .filter_map(|s| s["pid"].as_u64().map(|p| p as u32))
+        .collect();
+    assert_eq!(idle.len(), 1, "one idle worker beside the busy one: {status}");
+    let pids = worker_pids(d).await;
+    std::fs::remove_file(&worker).unwrap();
+    let before = respawns(d).await;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(idle[0] as i32), Signal::SIGKILL).unwrap();
+    wait_for(Duration::from_secs(5), "a failed respawn", || async {
+        (respawns(d).await > before).then_some(())
+    })
+    .await
+    .unwrap();
+    let t0 = Instant::now();
+    d.signal(Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let during = respawns(d).await;
+    let attempts = during - before;
+    println!("respawn attempts by {:?} after SIGTERM: {attempts}", t0.elapsed());
+    // 200 ms apart: about 12 in the 2.4 s since the kill; a slot that does not back off
+    // makes thousands.
+    assert!(attempts <= 25, "{attempts} respawn attempts in 2 s of drain");
+    let (r, _) = tokio::time::timeout(Duration::from_secs(5), h)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert_shutting_down(&r);
+    let code = d.wait_exit(Duration::from_secs(5)).await.expect("exits");
+    println!("exit {code:?} after {:?}", t0.elapsed());
+    assert_eq!(code, Some(0));
     wait_no_stray_workers(&pids, Duration::from_secs(3))
         .await
         .expect("workers gone");

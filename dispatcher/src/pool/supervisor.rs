@@ -190,10 +190,10 @@ impl Supervisor {
                 );
                 // A new target (failover, switchover) or the end of a hold (the member
                 // is back) ends the back-off: the member is likely up, and writes are
-                // waiting for these workers.
+                // waiting for these workers. A drain does not: a slot that cannot start
+                // its worker would retry without pause until the process exits.
                 let retargeted = tokio::select! {
                     _ = sleep(backoff) => false,
-                    _ = self.env.draining.cancelled() => false,
                     _ = target.changed() => true,
                 };
                 backoff = if retargeted {
