@@ -3,9 +3,10 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use osprey_admin_api::Status;
 
 use crate::cli::{admin, Cli};
-use crate::render::status::{render_status, Status};
+use crate::render::status::render_status;
 
 pub fn run(cli: &Cli, json: bool) -> anyhow::Result<ExitCode> {
     let body = match admin(cli)?.send("GET", "/status", None)? {

@@ -1,68 +1,11 @@
 //! `osprey status`: `GET /status`, the pool's figures and a table of its slots.
 
-use serde::Deserialize;
+use osprey_admin_api::Status;
 
 use super::table::render_table;
 
-#[derive(Debug, Deserialize)]
-pub struct Status {
-    version: String,
-    pid: u32,
-    uptime_s: f64,
-    draining: bool,
-    pool: Pool,
-    #[serde(default)]
-    slots: Vec<Slot>,
-    clients: Option<Clients>,
-    streams: Option<Streams>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Pool {
-    size: u64,
-    idle: u64,
-    busy: u64,
-    starting: u64,
-    quitting: u64,
-    queue_depth: u64,
-    queue_capacity: u64,
-    #[serde(default)]
-    waiting_connections: u64,
-    #[serde(default)]
-    capped_connections: u64,
-    respawns: u64,
-    recycles: u64,
-    fatal_exits: u64,
-}
-
-#[derive(Debug, Deserialize)]
-struct Slot {
-    slot: u32,
-    pid: Option<u32>,
-    state: String,
-    requests: u64,
-    age_s: f64,
-    #[serde(default)]
-    backend: Option<String>,
-    #[serde(default)]
-    db_connection_id: Option<u64>,
-    /// Requests written to the worker (prefetch), the current one included; absent before 1.4.
-    #[serde(default)]
-    pipeline: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Clients {
-    connections: u64,
-    open_streams: u64,
-}
-
-#[derive(Debug, Deserialize)]
-struct Streams {
-    opened: u64,
-    closed: u64,
-}
-
+/// `GET /status`: the process, the first cluster's write slots, clients and streams, then
+/// a row per slot of every group.
 pub fn render_status(st: &Status) -> String {
     let p = &st.pool;
     let mut out = format!(
@@ -86,15 +29,14 @@ pub fn render_status(st: &Status) -> String {
         p.recycles,
         p.fatal_exits
     ));
-    if let Some(c) = &st.clients {
-        out.push_str(&format!(
-            "clients: {} connections, {} open streams\n",
-            c.connections, c.open_streams
-        ));
-    }
-    if let Some(s) = &st.streams {
-        out.push_str(&format!("streams: {} opened, {} closed\n", s.opened, s.closed));
-    }
+    out.push_str(&format!(
+        "clients: {} connections, {} open streams\n",
+        st.clients.connections, st.clients.open_streams
+    ));
+    out.push_str(&format!(
+        "streams: {} opened, {} closed\n",
+        st.streams.opened, st.streams.closed
+    ));
     out.push('\n');
     let header: Vec<String> = [
         "slot", "pid", "state", "requests", "age", "backend", "db conn", "pipeline",
@@ -110,12 +52,12 @@ pub fn render_status(st: &Status) -> String {
             vec![
                 s.slot.to_string(),
                 s.pid.map_or_else(dash, |p| p.to_string()),
-                s.state.clone(),
+                s.state.name().to_string(),
                 s.requests.to_string(),
                 format!("{:.1}s", s.age_s),
-                s.backend.clone().unwrap_or_else(dash),
+                s.backend.clone(),
                 s.db_connection_id.map_or_else(dash, |i| i.to_string()),
-                s.pipeline.map_or_else(dash, |p| p.to_string()),
+                s.pipeline.to_string(),
             ]
         })
         .collect();
@@ -127,18 +69,43 @@ pub fn render_status(st: &Status) -> String {
 mod tests {
     use super::*;
 
+    /// A /status body as the dispatcher writes it (`osprey_admin_api::Status`), and its
+    /// text, byte for byte as the CLI printed it before it read the shared types.
     #[test]
     fn status_renders_starting_slots() {
         let body = r#"{"version":"0.1.0","pid":123,"uptime_s":12.5,"draining":false,
-           "pool":{"size":2,"idle":1,"busy":0,"starting":1,"quitting":0,"queue_depth":0,"queue_capacity":1024,"respawns":0,"recycles":0,"fatal_exits":0},
-           "slots":[{"slot":0,"pid":4242,"state":"idle","requests":10,"age_s":3.2,"backend":"primary","db_connection_id":17,"pipeline":0},
-                    {"slot":1,"pid":null,"state":"starting","requests":0,"age_s":0.0,"backend":"primary","db_connection_id":null}],
-           "clients":{"connections":1,"open_streams":0},"streams":{"opened":10,"closed":10}}"#;
+           "pool":{"role":"write","cluster":"c1","member":"primary","hold":null,"unavailable":null,
+                   "size":2,"slots":2,"idle":1,"busy":0,"starting":1,"quitting":0,
+                   "queue_depth":0,"queue_capacity":1024,"queue_bytes":0,"queue_bytes_capacity":67108864,
+                   "waiting_connections":0,"capped_connections":0,"longest_connection_queue":0,"longest_wait_ms":0,
+                   "max_per_connection":1,"respawns":0,"recycles":0,"fatal_exits":0},
+           "slots":[{"slot":0,"pid":4242,"state":"idle","requests":10,"age_s":3.2,"backend":"primary","cluster":"c1",
+                     "db_connection_id":17,"retiring":false,"pipeline":0},
+                    {"slot":1,"pid":null,"state":"starting","requests":0,"age_s":0.0,"backend":"primary","cluster":"c1",
+                     "db_connection_id":null,"retiring":false,"pipeline":0}],
+           "groups":[],
+           "clusters":[{"name":"c1","topology":"replication","primary":"primary","status":{"status":"ok"},"epoch":1}],
+           "clients":{"connections":1,"open_streams":0},"streams":{"opened":10,"closed":10},
+           "fds":{"limit":1024,"reserve":100,"max_client_connections":924,"open":null,"admin_connections":1}}"#;
         let st: Status = serde_json::from_str(body).unwrap();
         let out = render_status(&st);
         assert!(out.contains("pool: size 2 | idle 1"), "{out}");
         assert!(out.contains("0    | 4242 | idle"), "{out}");
         assert!(out.contains("| 17      | 0"), "the pipeline figure: {out}");
         assert!(out.contains("1    | -    | starting"), "{out}");
+        assert_eq!(
+            out,
+            "osprey 0.1.0 (pid 123), up 12.5s
+pool: size 2 | idle 1 | busy 0 | starting 1 | quitting 0
+queue: 0/1024 from 0 connections (0 at their worker cap) | respawns 0 | recycles 0 | fatal exits 0
+clients: 1 connections, 0 open streams
+streams: 10 opened, 10 closed
+
+slot | pid  | state    | requests | age  | backend | db conn | pipeline
+-----+------+----------+----------+------+---------+---------+---------
+0    | 4242 | idle     | 10       | 3.2s | primary | 17      | 0
+1    | -    | starting | 0        | 0.0s | primary | -       | 0
+"
+        );
     }
 }
