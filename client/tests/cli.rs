@@ -74,12 +74,21 @@ fn fake_admin(n: usize, respond: fn(&str, &str, &str) -> (u16, String)) -> (Stri
     (addr, h)
 }
 
+/// A `/status` body as the dispatcher writes it (`osprey_admin_api::Status`: the CLI reads
+/// it with that type and refuses a body without one of its fields).
 const STATUS: &str = r#"{"version":"0.1.0","pid":123,"uptime_s":12.5,"draining":false,
- "pool":{"size":4,"idle":3,"busy":1,"starting":0,"quitting":0,"queue_depth":0,"queue_capacity":1024,"respawns":0,"recycles":0,"fatal_exits":0},
- "slots":[{"slot":0,"pid":4242,"state":"idle","requests":10,"age_s":3.2,"backend":"primary","db_connection_id":17},
-          {"slot":1,"pid":null,"state":"starting","requests":0,"age_s":0.1,"backend":"primary","db_connection_id":null}],
+ "pool":{"role":"write","cluster":"c1","member":"primary","hold":null,"unavailable":null,
+         "size":4,"slots":4,"idle":3,"busy":1,"starting":0,"quitting":0,"queue_depth":0,"queue_capacity":1024,
+         "queue_bytes":0,"queue_bytes_capacity":67108864,"waiting_connections":0,"capped_connections":0,
+         "longest_connection_queue":0,"longest_wait_ms":0,"max_per_connection":1,"respawns":0,"recycles":0,"fatal_exits":0},
+ "slots":[{"slot":0,"pid":4242,"state":"idle","requests":10,"age_s":3.2,"backend":"primary","cluster":"c1",
+           "db_connection_id":17,"retiring":false,"pipeline":0},
+          {"slot":1,"pid":null,"state":"starting","requests":0,"age_s":0.1,"backend":"primary","cluster":"c1",
+           "db_connection_id":null,"retiring":false,"pipeline":0}],
+ "groups":[],"clusters":[],
  "clients":{"connections":1,"open_streams":0},
- "streams":{"opened":10,"closed":10}}"#;
+ "streams":{"opened":10,"closed":10},
+ "fds":{"limit":1024,"reserve":100,"max_client_connections":924,"open":null,"admin_connections":1}}"#;
 
 #[test]
 fn status_and_pool_resize() {

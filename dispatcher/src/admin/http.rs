@@ -29,7 +29,7 @@ use axum::{Json, Router};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -38,12 +38,12 @@ use tower::ServiceExt;
 use tracing::debug;
 
 use crate::admin::admission::{Admission, Admitted, Held};
+use crate::cluster::ClusterStatus;
 use crate::config;
 use crate::ctx::Ctx;
 use crate::fds::{self, AcceptErrors, FdBudget};
 use crate::metrics::{GroupLabel, SlotLabel};
 use crate::pool::supervisor::Supervisor;
-use crate::pool::{PoolView, SlotView};
 use crate::secrets::constant_time_eq;
 
 /// Largest request head (start line and headers): admin requests are a few hundred
@@ -62,47 +62,7 @@ pub struct AdminState {
     pub fds: FdBudget,
 }
 
-#[derive(Serialize)]
-pub struct Status {
-    pub version: &'static str,
-    pub pid: u32,
-    pub uptime_s: f64,
-    pub draining: bool,
-    /// The first cluster's write slots.
-    pub pool: PoolView,
-    /// Every slot of every group.
-    pub slots: Vec<SlotView>,
-    /// Every slot group (one per cluster: its write slots).
-    pub groups: Vec<PoolView>,
-    pub clusters: Vec<ClusterSummary>,
-    pub clients: Clients,
-    pub streams: Streams,
-    pub fds: Fds,
-}
-
-#[derive(Serialize)]
-pub struct Fds {
-    /// The soft RLIMIT_NOFILE the dispatcher runs with.
-    pub limit: usize,
-    /// Descriptors kept out of the client cap for workers, respawns and the admin port.
-    pub reserve: usize,
-    pub max_client_connections: usize,
-    /// Descriptors open now.
-    pub open: Option<usize>,
-    pub admin_connections: i64,
-}
-
-#[derive(Serialize)]
-pub struct Clients {
-    pub connections: i64,
-    pub open_streams: i64,
-}
-
-#[derive(Serialize)]
-pub struct Streams {
-    pub opened: u64,
-    pub closed: u64,
-}
+pub use osprey_admin_api::{Clients, Fds, Status, Streams};
 
 #[derive(Deserialize)]
 struct Resize {
@@ -142,14 +102,20 @@ struct DelayResetBody {
     member: String,
 }
 
-/// One line per cluster in `/status`.
-#[derive(Serialize)]
-pub struct ClusterSummary {
-    pub name: String,
-    pub topology: &'static str,
-    pub primary: Option<String>,
-    pub status: crate::cluster::ClusterStatus,
-    pub epoch: u64,
+pub use osprey_admin_api::ClusterSummary;
+
+/// A cluster's status in `/status`: the provider's own, spelled as `/cluster` spells it.
+impl From<&ClusterStatus> for osprey_admin_api::ClusterStatus {
+    fn from(status: &ClusterStatus) -> Self {
+        use osprey_admin_api::ClusterStatus as Api;
+        match status {
+            ClusterStatus::Starting => Api::Starting,
+            ClusterStatus::Ok => Api::Ok,
+            ClusterStatus::Switching(detail) => Api::Switching(detail.clone()),
+            ClusterStatus::Unreachable(detail) => Api::Unreachable(detail.clone()),
+            ClusterStatus::NoPrimary(detail) => Api::NoPrimary(detail.clone()),
+        }
+    }
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -218,9 +184,9 @@ pub fn status_of(ctx: &Ctx, budget: &FdBudget) -> Status {
             let v = c.provider.view.borrow();
             ClusterSummary {
                 name: c.name.clone(),
-                topology: v.topology,
+                topology: v.topology.to_owned(),
                 primary: v.primary.clone(),
-                status: v.status.clone(),
+                status: (&v.status).into(),
                 epoch: v.epoch,
             }
         })
@@ -228,7 +194,7 @@ pub fn status_of(ctx: &Ctx, budget: &FdBudget) -> Status {
     Status {
         groups,
         clusters,
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
         pid: std::process::id(),
         uptime_s: ctx.started.elapsed().as_secs_f64(),
         draining: ctx.draining.is_cancelled(),
@@ -385,7 +351,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         groups.push((
             GroupLabel {
                 cluster: pool.cluster.clone(),
-                role: pool.role,
+                role: pool.role.name(),
                 member: pool.member.clone().unwrap_or_default(),
             },
             pool.longest_wait_ms as f64 / 1000.0,
@@ -393,7 +359,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         slots.extend(views.into_iter().map(|s| {
             let label = SlotLabel {
                 cluster: s.cluster,
-                role: pool.role,
+                role: pool.role.name(),
                 member: s.backend,
                 slot: s.slot,
             };
@@ -685,5 +651,80 @@ impl AsyncWrite for Tracked {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::cluster::events::EventLog;
+    use crate::metrics::Metrics;
+    use crate::policy::{Limit, Policy};
+    use crate::pool::wait_queue::QueueLimits;
+    use crate::pool::SlotGroup;
+
+    /// `/status` as the dispatcher builds it (`status_of`: a write group with a starting
+    /// slot, a read group with none) reads back into the shared types, which the `osprey`
+    /// CLI renders, and writes the same JSON again.
+    #[test]
+    fn status_reads_back_with_the_shared_types() {
+        let metrics = Arc::new(Metrics::new());
+        let write = SlotGroup::new(2, QueueLimits::uncapped(64), "c1".into(), metrics.clone());
+        let (kill, _) = mpsc::unbounded_channel();
+        write.add_slot(0, kill);
+        let read = SlotGroup::read_group(1, QueueLimits::uncapped(64), "c1".into(), "r1".into(), metrics.clone());
+        let (policy, _) = Policy::new(
+            Default::default(),
+            Default::default(),
+            std::iter::empty::<(String, Limit)>(),
+            None,
+        );
+        let ctx = Ctx::new(
+            toml::from_str("").unwrap(),
+            vec![write, read],
+            Vec::new(),
+            Arc::new(EventLog::default()),
+            metrics,
+            policy,
+            Vec::new(),
+            "admin".into(),
+            "secret".into(),
+        );
+        let budget = FdBudget {
+            limit: 1024,
+            reserve: 100,
+            max_client_connections: 924,
+        };
+        let json = serde_json::to_value(status_of(&ctx, &budget)).unwrap();
+        assert_eq!(json["slots"][0]["state"], "starting");
+        assert_eq!(json["slots"][0]["pid"], serde_json::Value::Null);
+        assert_eq!(json["groups"][0]["role"], "write");
+        assert_eq!(json["groups"][0]["member"], serde_json::Value::Null);
+        assert_eq!(json["groups"][1]["role"], "read");
+        assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
+        let back: Status = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), json);
+    }
+
+    /// `/status` spells a cluster's status as `/cluster` does (the provider's own type).
+    #[test]
+    fn cluster_status_is_spelled_as_the_providers() {
+        for status in [
+            ClusterStatus::Starting,
+            ClusterStatus::Ok,
+            ClusterStatus::Switching("switchover to r1".into()),
+            ClusterStatus::Unreachable("the replicas still receive from it".into()),
+            ClusterStatus::NoPrimary("cooldown".into()),
+        ] {
+            let shared = osprey_admin_api::ClusterStatus::from(&status);
+            assert_eq!(
+                serde_json::to_string(&shared).unwrap(),
+                serde_json::to_string(&status).unwrap()
+            );
+        }
     }
 }

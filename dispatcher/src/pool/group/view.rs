@@ -3,90 +3,11 @@
 
 use std::sync::atomic::Ordering;
 
-use serde::Serialize;
-
 use crate::pool::wait_queue::QueueFigures;
 
 use super::*;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SlotState {
-    /// Process spawned (or about to be); not registered and ready yet.
-    Starting,
-    Idle,
-    Busy,
-    /// QUIT_NOW sent; waiting for the process to exit.
-    Quitting,
-}
-
-impl SlotState {
-    /// As in `/status` and the `osprey_slots{state}` label.
-    pub fn name(self) -> &'static str {
-        match self {
-            SlotState::Starting => "starting",
-            SlotState::Idle => "idle",
-            SlotState::Busy => "busy",
-            SlotState::Quitting => "quitting",
-        }
-    }
-}
-
-/// Public view of one slot, for the admin API.
-#[derive(Debug, Clone, Serialize)]
-pub struct SlotView {
-    pub slot: u32,
-    pub pid: Option<u32>,
-    pub state: SlotState,
-    pub requests: u64,
-    pub age_s: f64,
-    pub backend: String,
-    pub cluster: String,
-    pub db_connection_id: Option<u32>,
-    pub retiring: bool,
-    /// Requests written to the worker and not ended: the one it runs and those behind it
-    /// (prefetch, `pool.pipeline_depth`).
-    pub pipeline: usize,
-}
-
-/// Group-wide figures, for the admin API.
-#[derive(Debug, Clone, Serialize)]
-pub struct PoolView {
-    /// `write` (the primary's slots) or `read` (a replica's read slots).
-    pub role: &'static str,
-    pub cluster: String,
-    /// The member the workers serve (`null` before the cluster names one).
-    pub member: Option<String>,
-    /// Why requests wait instead of being dispatched, if they do.
-    pub hold: Option<String>,
-    /// Why requests fail at once, if they do.
-    pub unavailable: Option<String>,
-    pub size: usize,
-    pub slots: usize,
-    pub idle: usize,
-    pub busy: usize,
-    pub starting: usize,
-    pub quitting: usize,
-    pub queue_depth: usize,
-    pub queue_capacity: usize,
-    /// Bytes of REQUEST payload waiting, and their bound.
-    pub queue_bytes: usize,
-    pub queue_bytes_capacity: usize,
-    /// Client connections with at least one request waiting.
-    pub waiting_connections: usize,
-    /// Of those, connections whose requests wait because they hold their cap of
-    /// workers (`pool.max_per_connection` / `pool.max_per_token`).
-    pub capped_connections: usize,
-    /// Requests waiting in the longest connection queue.
-    pub longest_connection_queue: usize,
-    /// How long the request waiting longest has waited so far, in ms (0: none waits).
-    pub longest_wait_ms: u64,
-    /// Workers one connection may hold at once (0 = no cap).
-    pub max_per_connection: usize,
-    pub respawns: u64,
-    pub recycles: u64,
-    pub fatal_exits: u64,
-}
+pub use osprey_admin_api::{GroupRole, PoolView, SlotState, SlotView};
 
 impl SlotGroup {
     pub fn view(&self) -> (PoolView, Vec<SlotView>) {
@@ -96,7 +17,11 @@ impl SlotGroup {
         let limits = g.queue.limits();
         let pool = PoolView {
             cluster: self.cluster.clone(),
-            role: if self.reads.is_some() { "read" } else { "write" },
+            role: if self.reads.is_some() {
+                GroupRole::Read
+            } else {
+                GroupRole::Write
+            },
             member: g.target.as_ref().map(|t| t.member.clone()),
             hold: g.hold.clone(),
             unavailable: g.unavailable.clone(),
