@@ -120,6 +120,18 @@ async fn reads_go_to_the_replicas_and_everything_else_to_the_primary() -> anyhow
     );
     // A write goes to the primary (a replica is read-only and would refuse it).
     client.execute("INSERT INTO split_t VALUES (1)", &[]).await?;
+    // A cluster it does not front: the error names each cluster it does once, not once
+    // per slot group (this one has a write group and two read groups).
+    let e = client
+        .send(Request::sql("SELECT 1").with_cluster("nope"))
+        .await
+        .expect_err("unknown cluster");
+    assert_eq!(e.code(), osprey_client::ErrorCode::UnknownCluster, "{e}");
+    assert!(
+        e.message().ends_with("(this dispatcher fronts main)"),
+        "{}",
+        e.message()
+    );
     // The replica hint and the read_only flag send what the classifier would keep on the
     // primary to a replica (the caller takes responsibility).
     let hinted = served_by(

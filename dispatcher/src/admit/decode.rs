@@ -29,7 +29,11 @@ pub fn cluster_group<'a>(ctx: &'a Ctx, request: &Request) -> Result<&'a Arc<Slot
         let msg = format!(
             "unknown cluster {:?} (this dispatcher fronts {})",
             request.cluster.as_deref().unwrap_or_default(),
-            ctx.groups.iter().map(|g| g.cluster()).collect::<Vec<_>>().join(", ")
+            ctx.clusters
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         Refusal::new("bad_request", ErrorCode::UnknownCluster, msg)
     })
