@@ -457,15 +457,9 @@ impl Backend {
             read_split: false,
             read_fallback: Default::default(),
             members: vec![MemberConfig {
-                name: self.name.clone(),
-                host: self.host.clone(),
-                port: self.port,
-                no_promotion: false,
-                priority: 0,
-                replication_host: None,
-                replication_port: None,
                 max_qps: self.max_qps,
                 burst: self.burst,
+                ..MemberConfig::new(self.name.clone(), self.host.clone(), self.port)
             }],
             health: HealthConfig::default(),
             failover: FailoverConfig {

@@ -74,17 +74,7 @@ fn sandbox_cluster(sandbox: &Embedded) -> ClusterConfig {
         read_fallback: Default::default(),
         members: sandbox
             .instances()
-            .map(|i| MemberConfig {
-                name: i.name().to_string(),
-                host: i.host().to_string(),
-                port: i.port(),
-                no_promotion: false,
-                priority: 0,
-                replication_host: None,
-                replication_port: None,
-                max_qps: None,
-                burst: None,
-            })
+            .map(|i| MemberConfig::new(i.name(), i.host(), i.port()))
             .collect(),
         health: HealthConfig::default(),
         failover: FailoverConfig {

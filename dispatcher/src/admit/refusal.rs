@@ -33,6 +33,17 @@ impl Refusal {
         }
     }
 
+    /// A policy's own answer (its code, origin and retry advice kept as it says).
+    fn from_body(outcome: &'static str, body: ErrorBody) -> Refusal {
+        Refusal {
+            code: body.code,
+            origin: body.origin,
+            retryable: body.retryable,
+            message: body.message.into(),
+            outcome,
+        }
+    }
+
     /// The `ERROR` body the stream ends with (dispatched = false).
     pub fn body(&self) -> ErrorBody {
         let mut body = ErrorBody::undispatched(self.origin, self.code, self.message.to_string());
@@ -43,26 +54,12 @@ impl Refusal {
 
 impl From<Blocked> for Refusal {
     fn from(b: Blocked) -> Refusal {
-        let body = b.error_body();
-        Refusal {
-            code: body.code,
-            origin: body.origin,
-            retryable: body.retryable,
-            message: body.message.into(),
-            outcome: "sql_blocked",
-        }
+        Refusal::from_body("sql_blocked", b.error_body())
     }
 }
 
 impl From<Throttled> for Refusal {
     fn from(t: Throttled) -> Refusal {
-        let body = t.error_body();
-        Refusal {
-            code: body.code,
-            origin: body.origin,
-            retryable: body.retryable,
-            message: body.message.into(),
-            outcome: "throttled",
-        }
+        Refusal::from_body("throttled", t.error_body())
     }
 }

@@ -144,6 +144,22 @@ pub struct MemberConfig {
 }
 
 impl MemberConfig {
+    /// A member at `host:port` with every other setting at its default (as a
+    /// `[[cluster.member]]` giving only these three).
+    pub fn new(name: impl Into<String>, host: impl Into<String>, port: u16) -> MemberConfig {
+        MemberConfig {
+            name: name.into(),
+            host: host.into(),
+            port,
+            no_promotion: false,
+            priority: 0,
+            replication_host: None,
+            replication_port: None,
+            max_qps: None,
+            burst: None,
+        }
+    }
+
     /// The address replicas are pointed at when this member is primary.
     pub fn replication_addr(&self) -> (String, u16) {
         (

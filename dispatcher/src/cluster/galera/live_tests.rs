@@ -49,15 +49,8 @@ fn config(galera: &Galera, priorities: &[u32]) -> ClusterConfig {
             .iter()
             .zip(priorities)
             .map(|(n, p)| MemberConfig {
-                name: n.name().into(),
-                host: n.host().into(),
-                port: n.port(),
-                no_promotion: false,
                 priority: *p,
-                replication_host: None,
-                replication_port: None,
-                max_qps: None,
-                burst: None,
+                ..MemberConfig::new(n.name(), n.host(), n.port())
             })
             .collect(),
         health: HealthConfig {

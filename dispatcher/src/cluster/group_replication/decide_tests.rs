@@ -7,17 +7,7 @@ fn members() -> Vec<MemberConfig> {
     ["a", "b", "c"]
         .iter()
         .enumerate()
-        .map(|(i, n)| MemberConfig {
-            name: n.to_string(),
-            host: format!("db-{n}"),
-            port: 3306 + i as u16,
-            no_promotion: false,
-            priority: 0,
-            replication_host: None,
-            replication_port: None,
-            max_qps: None,
-            burst: None,
-        })
+        .map(|(i, n)| MemberConfig::new(*n, format!("db-{n}"), 3306 + i as u16))
         .collect()
 }
 

@@ -39,17 +39,7 @@ fn config(sandbox: &Sandbox) -> ClusterConfig {
         read_fallback: Default::default(),
         members: sandbox
             .instances()
-            .map(|i| MemberConfig {
-                name: i.name().into(),
-                host: i.host().into(),
-                port: i.port(),
-                no_promotion: false,
-                priority: 0,
-                replication_host: None,
-                replication_port: None,
-                max_qps: None,
-                burst: None,
-            })
+            .map(|i| MemberConfig::new(i.name(), i.host(), i.port()))
             .collect(),
         health: HealthConfig {
             interval_ms: 100,

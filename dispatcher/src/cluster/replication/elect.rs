@@ -287,17 +287,7 @@ mod tests {
     use crate::cluster::MemberConfig;
 
     fn member(name: &str, port: u16) -> MemberConfig {
-        MemberConfig {
-            name: name.into(),
-            host: "127.0.0.1".into(),
-            port,
-            no_promotion: false,
-            priority: 0,
-            replication_host: None,
-            replication_port: None,
-            max_qps: None,
-            burst: None,
-        }
+        MemberConfig::new(name, "127.0.0.1", port)
     }
 
     fn cluster() -> ClusterConfig {
