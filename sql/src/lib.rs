@@ -45,6 +45,21 @@ pub fn controls_session(sql: &str) -> bool {
     })
 }
 
+/// Whether a commit of the statement may report its GTID where the OK packets do not
+/// show it (a procedure or compound statement that commits inside: the server may report
+/// the variable change on a packet it sends before, or not at all): `CALL`, `EXECUTE` and
+/// compound statements, in any top-level statement of `sql`. The worker reads
+/// `@@last_gtid` after them.
+pub fn commits_out_of_sight(sql: &str) -> bool {
+    top_level_statements(&code_text(sql)).any(|st| {
+        let first = st.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+        matches!(
+            first.as_str(),
+            "call" | "execute" | "begin" | "if" | "case" | "loop" | "while" | "repeat"
+        )
+    })
+}
+
 /// `sql` with everything inside quotes, backticks and comments (delimiters
 /// included) blanked out, so that keywords and `;` found in it are code. The
 /// inside of an executable comment (`/*! … */`, `/*M! … */`) is code: the
@@ -386,6 +401,30 @@ pub fn is_plain_select(sql: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn commits_out_of_sight_are_procedures_execute_and_compound_statements() {
+        for sql in [
+            "CALL p()",
+            "call p(1)",
+            "SELECT 1; CALL p()",
+            "EXECUTE s",
+            "BEGIN NOT ATOMIC INSERT INTO t VALUES (1); SELECT 1; END",
+            "/* x */ CALL p()",
+        ] {
+            assert!(super::commits_out_of_sight(sql), "{sql}");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "SELECT 'CALL p()'",
+            "SELECT 1 -- CALL p()",
+            "UPDATE t SET `call` = 1",
+            "CREATE PROCEDURE p() BEGIN CALL q(); END",
+            "SELECT recall FROM t",
+        ] {
+            assert!(!super::commits_out_of_sight(sql), "{sql}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -62,7 +62,7 @@ impl Facts {
             controls_session: controls_session(sql),
             touches_state: touches_session_state(sql),
             plain_select: is_plain_select(sql),
-            out_of_sight: super::text_commits_out_of_sight(sql),
+            out_of_sight: osprey_sql::commits_out_of_sight(sql),
             refused,
             markers: placeholders(sql),
             markers_final: !placeholders_depend_on_server(sql),
@@ -158,7 +158,7 @@ mod tests {
                 assert_eq!(f.controls_session, controls_session(sql), "{sql}");
                 assert_eq!(f.touches_state, touches_session_state(sql), "{sql}");
                 assert_eq!(f.plain_select, is_plain_select(sql), "{sql}");
-                assert_eq!(f.out_of_sight, super::super::text_commits_out_of_sight(sql), "{sql}");
+                assert_eq!(f.out_of_sight, osprey_sql::commits_out_of_sight(sql), "{sql}");
             }
         }
         assert!(known.of("BEGIN").controls_session);

@@ -10,7 +10,7 @@
 //! - it is a single statement (no batch), that passed every check ([`Executor::inspect`]);
 //! - the session scan says it leaves no session state (`touches_session_state`), and
 //!   `session_reset` is not `always`; it may not report its commit's GTID out of sight
-//!   (`CALL`, `EXECUTE`, compound statements: [`super::text_commits_out_of_sight`]);
+//!   (`CALL`, `EXECUTE`, compound statements: [`osprey_sql::commits_out_of_sight`]);
 //! - with parameters, only when its prepared statement is already cached (a prepare is
 //!   a round trip, which needs the pipeline empty: such a request runs at its turn, and
 //!   prepares, as the first of a new pipeline or alone);
