@@ -1,11 +1,16 @@
 //! Operations surface against real processes: elastic pool sizing, SIGHUP
-//! reload, the admin API's auth and metrics, and the `osprey` CLI.
+//! reload, the admin API's auth and metrics, the `osprey` CLI, and the Grafana
+//! dashboard's queries against what `/metrics` serves.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use nix::sys::signal::Signal;
 use osprey_sandbox::Sandbox;
+use osprey_tests::failover_rig::{cluster_toml, cluster_view, dispatcher_config, wait_primary, FAST};
 use osprey_tests::harness::{bin_dir, wait_for, Cluster, Dispatcher};
 
 async fn slots(d: &Dispatcher) -> Option<u64> {
@@ -240,5 +245,354 @@ async fn the_embedded_default_grows_to_64_live() -> anyhow::Result<()> {
     assert_eq!(code, 409, "{body}");
     d.signal(Signal::SIGTERM);
     d.wait_exit(Duration::from_secs(60)).await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The Grafana dashboard (deploy/grafana/osprey.json) against /metrics (issue 24, item 2).
+
+/// Labels Prometheus adds to every series of a scrape target: the dashboard may filter on
+/// them though `/metrics` does not serve them.
+const SCRAPE_LABELS: &[&str] = &["instance", "job"];
+
+/// Series the dashboard queries that exist only after an event the test below does not
+/// cause, with that event. prometheus-client leaves an empty `Family` out of the text whole
+/// (`# TYPE` line included), so `/metrics` cannot vouch for these until then; the test
+/// checks them against their registration in dispatcher/src instead, and their labels not
+/// at all.
+const EVENT_ONLY: &[(&str, &str)] = &[
+    ("osprey_read_fallbacks_total", "a read with no eligible replica"),
+    (
+        "osprey_delay_probe_errors_total",
+        "a failed or timed-out delay-probe call",
+    ),
+    ("osprey_probe_failures_total", "a failed health probe"),
+    ("osprey_accept_errors_total", "a failed accept() (EMFILE)"),
+    (
+        "osprey_client_tls_refused_total",
+        "a connection refused on the TLS client port",
+    ),
+    ("osprey_galera_writer", "a Galera cluster"),
+    ("osprey_group_primary", "a Group Replication cluster"),
+];
+
+/// The label block that opens at `s[open]` (a `{`): the names of its matchers (`name op
+/// "value"`, as in PromQL and in the exposition text), and the index after its `}`.
+fn label_block(s: &str, open: usize) -> (Vec<String>, usize) {
+    let b = s.as_bytes();
+    let mut names = Vec::new();
+    let mut i = open + 1;
+    loop {
+        while i < b.len() && (b[i].is_ascii_whitespace() || b[i] == b',') {
+            i += 1;
+        }
+        if i >= b.len() || b[i] == b'}' {
+            return (names, (i + 1).min(b.len()));
+        }
+        let start = i;
+        while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+            i += 1;
+        }
+        if i > start {
+            names.push(s[start..i].to_owned());
+        }
+        // The operator (=, !=, =~, !~), then the quoted value: it may hold `}` and `,`
+        // (`"${cluster}/${member}"`), and backslash escapes.
+        while i < b.len() && b[i] != b'"' {
+            i += 1;
+        }
+        i += 1;
+        while i < b.len() && b[i] != b'"' {
+            i += if b[i] == b'\\' { 2 } else { 1 };
+        }
+        i += 1;
+    }
+}
+
+/// Every `osprey_…` series name in a PromQL expression, with the label names of the
+/// matchers right after it (`name{label="…"}`).
+fn series_in(expr: &str) -> Vec<(String, Vec<String>)> {
+    let b = expr.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(at) = expr[i..].find("osprey_") {
+        let start = i + at;
+        let mut end = start;
+        while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+            end += 1;
+        }
+        let mut next = end;
+        let mut labels = Vec::new();
+        let mut j = end;
+        while j < b.len() && b[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        if j < b.len() && b[j] == b'{' {
+            (labels, next) = label_block(expr, j);
+        }
+        // Inside a longer identifier (`xosprey_…`): not a series name.
+        let inside = start > 0 && (b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_');
+        if !inside {
+            out.push((expr[start..end].to_owned(), labels));
+        }
+        i = next;
+    }
+    out
+}
+
+/// The label names of every `by (…)` and `without (…)` clause of an expression.
+fn grouping_labels(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for keyword in ["by", "without"] {
+        let mut from = 0;
+        while let Some(at) = expr[from..].find(keyword) {
+            let start = from + at;
+            from = start + keyword.len();
+            let word_start = expr[..start]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+            let rest = expr[from..].trim_start();
+            if word_start && rest.starts_with('(') {
+                if let Some(close) = rest.find(')') {
+                    out.extend(
+                        rest[1..close]
+                            .split(',')
+                            .map(|l| l.trim().to_owned())
+                            .filter(|l| !l.is_empty()),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The label of a Grafana variable query `label_values(series{…}, label)`.
+fn label_values_label(query: &str) -> Option<String> {
+    let inner = query.trim().strip_prefix("label_values(")?.strip_suffix(')')?;
+    let (_, label) = inner.rsplit_once(',')?;
+    Some(label.trim().to_owned())
+}
+
+/// The labels a legend shows: `{{label}}`.
+fn legend_labels(legend: &str) -> Vec<String> {
+    legend
+        .split("{{")
+        .skip(1)
+        .filter_map(|s| s.split_once("}}"))
+        .map(|(l, _)| l.trim().to_owned())
+        .collect()
+}
+
+/// The sample names of an exposition text (the names Prometheus stores: `…_total` of a
+/// counter, `…_bucket`/`_sum`/`_count` of a histogram), each with the label names seen on it.
+fn served_series(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        let labels = out.entry(line[..end].to_owned()).or_default();
+        if line[end..].starts_with('{') {
+            labels.extend(label_block(line, end).0);
+        }
+    }
+    out
+}
+
+/// Every `.rs` file under `dir`, concatenated.
+fn rust_sources(dir: &Path, out: &mut String) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            rust_sources(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(path)?);
+        }
+    }
+    Ok(())
+}
+
+/// Whether `source` (whitespace removed) registers the family of series `name`:
+/// `register("<name without osprey_ and its sample suffix>",`.
+fn registered(source: &str, name: &str) -> bool {
+    let base = name.strip_prefix("osprey_").unwrap_or(name);
+    let mut families = vec![base];
+    for suffix in ["_total", "_bucket", "_sum", "_count"] {
+        families.extend(base.strip_suffix(suffix));
+    }
+    families.iter().any(|f| source.contains(&format!("register(\"{f}\",")))
+}
+
+/// Every series name, matcher label, `by (…)` label and legend label that
+/// deploy/grafana/osprey.json queries is one that `/metrics` serves.
+///
+/// The dispatcher fronts a primary and two replicas with the read split and the delay probe
+/// on, a throttle limit set and a switchover done, and serves some reads: then every family
+/// the dashboard uses is in `/metrics` but those in [`EVENT_ONLY`]. Names must match a
+/// sample name exactly (`osprey_requests_total`, not the `# TYPE` name `osprey_requests`):
+/// that is what PromQL selects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grafana_dashboard_queries_only_series_and_labels_that_metrics_serves() -> anyhow::Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let path = root.join("deploy/grafana/osprey.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let dashboard: serde_json::Value = serde_json::from_str(&text).context("the dashboard is not JSON")?;
+
+    // (query, labels its legend shows): every panel target, and the variable queries.
+    let mut queries: Vec<(String, Vec<String>)> = Vec::new();
+    let mut panels: Vec<&serde_json::Value> = Vec::new();
+    for p in dashboard["panels"].as_array().context("the dashboard has no panels")? {
+        panels.push(p);
+        if let Some(inner) = p["panels"].as_array() {
+            panels.extend(inner);
+        }
+    }
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        let targets = p["targets"].as_array().map(Vec::as_slice).unwrap_or_default();
+        assert!(!targets.is_empty(), "panel {} has no targets", p["title"]);
+        for t in targets {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            // A target the walk cannot read would prove nothing.
+            assert!(
+                expr.contains("osprey_"),
+                "panel {}: a target without an osprey_ series: {t}",
+                p["title"]
+            );
+            let legend = t["legendFormat"].as_str().unwrap_or_default();
+            queries.push((expr.to_owned(), legend_labels(legend)));
+        }
+    }
+    for v in dashboard["templating"]["list"]
+        .as_array()
+        .context("no templating list")?
+    {
+        let query = v["query"]
+            .as_str()
+            .or_else(|| v["query"]["query"].as_str())
+            .unwrap_or_default();
+        if query.contains("osprey_") {
+            queries.push((query.to_owned(), Vec::new()));
+        }
+    }
+    let used: BTreeSet<String> = queries
+        .iter()
+        .flat_map(|(q, _)| series_in(q))
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        used.len() >= 40,
+        "only {} series found in the dashboard: {used:?}",
+        used.len()
+    );
+    for (name, event) in EVENT_ONLY {
+        assert!(
+            used.contains(*name),
+            "{name} (served after {event}) is in EVENT_ONLY but the dashboard does not query it"
+        );
+    }
+
+    let sandbox = Sandbox::start(2).await?;
+    let extra = format!(
+        "read_split = true\ndelay_period_ms = 200\ndelay_threshold_ms = 5000\ndelay_database = \"osprey_hb\"\n{FAST}"
+    );
+    let members = sandbox.instances().map(|i| (i.name(), i.port()));
+    let clusters = cluster_toml(sandbox.primary(), "main", &extra, members);
+    let d = Dispatcher::start_with(dispatcher_config(&clusters, "[pool]\nreplica_size = 2\n")).await?;
+    wait_primary(&d, None, Some("primary"), None, Duration::from_secs(20)).await?;
+    // A limit makes its member's osprey_throttle_* series (high enough to hold nothing back).
+    let (code, body) = d
+        .admin_post(
+            "/throttle",
+            serde_json::json!({ "member": "primary", "max_qps": 100000 }),
+        )
+        .await?;
+    assert_eq!(code, 200, "POST /throttle: {body}");
+    // A switch makes osprey_failovers_total{kind="switchover"}. Retried: right after the
+    // start the provider may not know the replicas yet; and an answer lost to the admin
+    // client's timeout may hide a switchover that was done.
+    wait_for(Duration::from_secs(20), "a switchover to replica-1", || async {
+        if cluster_view(&d, None).await.ok()?["primary"] == "replica-1" {
+            return Some(());
+        }
+        let r = d
+            .admin_post("/cluster/switchover", serde_json::json!({ "to": "replica-1" }))
+            .await;
+        if matches!(r, Ok((200, _))) {
+            return Some(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        None
+    })
+    .await?;
+    wait_primary(&d, None, Some("replica-1"), None, Duration::from_secs(15)).await?;
+
+    // Reads (osprey_reads_total, osprey_route_decisions_total, osprey_requests_total) until
+    // every family the dashboard needs is there at once: the replicas' delay series are
+    // absent while the delay is unknown, e.g. for a moment after the switch.
+    let client = d.client().await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (metrics, missing) = loop {
+        client.query("SELECT 1", &[]).await?;
+        let metrics = d.metrics().await?;
+        let served = served_series(&metrics);
+        let missing: Vec<String> = used
+            .iter()
+            .filter(|n| !served.contains_key(*n) && !EVENT_ONLY.iter().any(|(e, _)| *e == n.as_str()))
+            .cloned()
+            .collect();
+        if missing.is_empty() || Instant::now() >= deadline {
+            break (metrics, missing);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries series /metrics does not serve: {missing:?}\n{metrics}"
+    );
+    let served = served_series(&metrics);
+
+    let mut source = String::new();
+    rust_sources(&root.join("dispatcher/src"), &mut source)?;
+    let source: String = source.chars().filter(|c| !c.is_whitespace()).collect();
+    for (name, event) in EVENT_ONLY {
+        if !served.contains_key(*name) {
+            assert!(
+                registered(&source, name),
+                "{name} (served after {event}) is registered nowhere in dispatcher/src"
+            );
+        }
+    }
+
+    // Labels: a matcher's on its own series; `by (…)`, `label_values(…, label)` and the
+    // legend's on any series of the query (their union), when /metrics serves them all.
+    for (query, legend) in &queries {
+        let mut known: BTreeSet<&str> = SCRAPE_LABELS.iter().copied().collect();
+        let mut all_served = true;
+        for (name, labels) in series_in(query) {
+            let Some(have) = served.get(&name) else {
+                all_served = false;
+                continue;
+            };
+            known.extend(have.iter().map(String::as_str));
+            for l in &labels {
+                assert!(
+                    have.contains(l) || SCRAPE_LABELS.contains(&l.as_str()),
+                    "{query}: {name} has no label {l:?} in /metrics (it has {have:?})"
+                );
+            }
+        }
+        if !all_served {
+            continue;
+        }
+        let mut wanted = grouping_labels(query);
+        wanted.extend(label_values_label(query));
+        wanted.extend(legend.iter().cloned());
+        for l in &wanted {
+            assert!(
+                known.contains(l.as_str()),
+                "{query}: no series of it has the label {l:?} in /metrics (they have {known:?})"
+            );
+        }
+    }
     Ok(())
 }
