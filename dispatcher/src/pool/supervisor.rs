@@ -191,9 +191,12 @@ impl Supervisor {
                 // A new target (failover, switchover) or the end of a hold (the member
                 // is back) ends the back-off: the member is likely up, and writes are
                 // waiting for these workers. A drain does not: a slot that cannot start
-                // its worker would retry without pause until the process exits.
+                // its worker would retry without pause until the process exits. The end
+                // of the drain does (the group is shut down by then: the slot is gone),
+                // or the process would wait out the back-off before it exits.
                 let retargeted = tokio::select! {
                     _ = sleep(backoff) => false,
+                    _ = self.env.abort.cancelled() => false,
                     _ = target.changed() => true,
                 };
                 backoff = if retargeted {
