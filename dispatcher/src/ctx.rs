@@ -135,20 +135,16 @@ impl Ctx {
         Duration::from_millis(self.config.pool.queue_timeout_ms)
     }
 
-    pub fn request_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.timeouts.request_timeout_ms)
-    }
-
     pub fn keepalive_interval(&self) -> Duration {
-        Duration::from_millis(self.config.timeouts.keepalive_interval_ms)
+        self.workers.bounds.keepalive_interval
     }
 
     pub fn keepalive_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.timeouts.keepalive_timeout_ms)
+        self.workers.bounds.keepalive_timeout
     }
 
     pub fn client_write_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.limits.client_write_timeout_ms)
+        self.workers.bounds.client_write_timeout
     }
 
     pub fn client_token_ok(&self, token: Option<&str>) -> bool {

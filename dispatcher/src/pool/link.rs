@@ -1,5 +1,5 @@
 //! The dispatcher's side of one worker connection (Unix socket): registration,
-//! then the relay (`relay.rs`) serves requests on it.
+//! then the relay (`relay/`) serves requests on it.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -18,7 +18,7 @@
 //!
 //! Everything the hot path does here is O(1): a job is appended to its connection's
 //! queue, and taking one pops a ring entry or two. The wait queue lives inside the
-//! slot group's lock (see `group.rs`); it owns no workers, only the bookkeeping of who holds
+//! slot group's lock (see `pool/group/`); it owns no workers, only the bookkeeping of who holds
 //! how many.
 
 use std::collections::{HashMap, VecDeque};

@@ -1,6 +1,6 @@
 //! One client request on its way through the dispatcher. The client connection
 //! builds it from a REQUEST; the pool's wait queue owns it until a worker link
-//! takes it; that link then owns it until its END (see `relay.rs`). There is no
+//! takes it; that link then owns it until its END (see `pool/relay/`). There is no
 //! task per request: the hand-offs between tasks were most of the dispatcher's
 //! cost per request (docs/BENCHMARKS.md).
 
