@@ -455,6 +455,83 @@ impl Client {
     pub fn stream(&self, request: Request) -> RowStream {
         RowStream::new(Call::new(self.inner.clone(), request, false))
     }
+
+    /// Opens a session: one worker of the dispatcher pinned to it until it ends, so that
+    /// session state (temporary tables, user variables, `GET_LOCK`, `SET SESSION`) and
+    /// transaction control work. See [`Session`](crate::Session).
+    ///
+    /// ```no_run
+    /// # async fn f(client: osprey_client::Client) -> Result<(), osprey_client::Error> {
+    /// let s = client.session().await?;
+    /// s.execute("CREATE TEMPORARY TABLE picks (id INT)", &[]).await?;
+    /// s.execute("INSERT INTO picks SELECT id FROM items WHERE hot", &[]).await?;
+    /// let n: Option<(i64,)> = s.query_first("SELECT COUNT(*) FROM picks", &[]).await?;
+    /// s.close().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn session(&self) -> Result<crate::Session, Error> {
+        self.session_with(crate::SessionOptions::default()).await
+    }
+
+    /// [`Client::session`] with options (read-only on a replica, cluster, open timeout).
+    pub async fn session_with(&self, opts: crate::SessionOptions) -> Result<crate::Session, Error> {
+        crate::Session::open(self.inner.clone(), opts).await
+    }
+
+    /// Starts a transaction on a session of its own (`START TRANSACTION`).
+    ///
+    /// ```no_run
+    /// use osprey_client::params;
+    /// # async fn f(client: osprey_client::Client) -> Result<(), osprey_client::Error> {
+    /// let tx = client.transaction().await?;
+    /// let (balance,): (i64,) = tx
+    ///     .query_first("SELECT balance FROM accounts WHERE id = ? FOR UPDATE", &params![1])
+    ///     .await?
+    ///     .expect("account 1");
+    /// if balance >= 10 {
+    ///     tx.execute("UPDATE accounts SET balance = balance - 10 WHERE id = ?", &params![1]).await?;
+    ///     tx.commit().await?;
+    /// } // dropped without commit: rolled back
+    /// # Ok(()) }
+    /// ```
+    pub async fn transaction(&self) -> Result<crate::Transaction, Error> {
+        self.transaction_with(crate::TransactionOptions::default()).await
+    }
+
+    /// [`Client::transaction`] with options (isolation level, read only, consistent snapshot).
+    pub async fn transaction_with(&self, opts: crate::TransactionOptions) -> Result<crate::Transaction, Error> {
+        crate::Transaction::begin(self.inner.clone(), opts).await
+    }
+
+    /// Runs `body` in a transaction and commits it; a deadlock (1213) or lock wait timeout
+    /// (1205) runs the whole transaction again, at most `attempts` times in all. A commit
+    /// whose outcome is unknown is never run again: its error is returned.
+    ///
+    /// ```no_run
+    /// use osprey_client::{params, TransactionOptions};
+    /// # async fn f(client: osprey_client::Client) -> Result<(), osprey_client::Error> {
+    /// client
+    ///     .run_transaction(TransactionOptions::default(), 5, |tx| {
+    ///         Box::pin(async move {
+    ///             tx.execute("UPDATE accounts SET balance = balance - 10 WHERE id = ?", &params![1]).await?;
+    ///             tx.execute("UPDATE accounts SET balance = balance + 10 WHERE id = ?", &params![2]).await?;
+    ///             Ok(())
+    ///         })
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_transaction<T, F>(
+        &self,
+        opts: crate::TransactionOptions,
+        attempts: u32,
+        body: F,
+    ) -> Result<T, Error>
+    where
+        F: for<'a> FnMut(&'a crate::Transaction) -> crate::TxFuture<'a, T>,
+    {
+        crate::session::run(self.inner.clone(), opts, attempts, body).await
+    }
 }
 
 /// Keeps a usable connection published in `state`: after the current one dies or

@@ -67,6 +67,8 @@ pub(crate) enum Cmd {
         id: u32,
         seq: u64,
         frame: Frame,
+        /// A session's statement: written after `GOAWAY` too.
+        in_session: bool,
     },
     Cancel {
         id: u32,
@@ -153,6 +155,15 @@ impl StreamGuard {
             }
         }
         Some(frame)
+    }
+
+    /// Sends `CANCEL` for the stream and keeps reading it (a session's close: its `END`
+    /// or `ERROR` still comes).
+    pub fn cancel_and_keep(&self) {
+        self.conn.send_later(Cmd::Cancel {
+            id: self.id,
+            seq: self.seq,
+        });
     }
 
     /// Whether the `REQUEST` frame was handed to the socket.
@@ -273,9 +284,18 @@ impl ConnShared {
                     _ => None,
                 }
             }
-            Cmd::Open { id, seq, frame } => {
+            Cmd::Open {
+                id,
+                seq,
+                frame,
+                in_session,
+            } => {
                 let mut t = self.table.lock().unwrap();
-                let usable = self.status() == Status::Up;
+                let usable = match self.status() {
+                    Status::Up => true,
+                    Status::GoAway => in_session,
+                    Status::Dead => false,
+                };
                 match t.map.get(&id) {
                     Some(e) if e.seq == seq => {
                         if usable && e.tx.is_some() {
@@ -329,6 +349,25 @@ impl ConnHandle {
     /// Opens a stream: waits for a permit under `max_streams`, picks a free id, and
     /// queues the `REQUEST` frame built by `build` for the writer.
     pub async fn open(&self, buffer: usize, build: impl FnOnce(u32) -> Frame) -> Result<StreamGuard, Unavailable> {
+        self.open_if(buffer, build, false).await
+    }
+
+    /// [`ConnHandle::open`] for a session's statement: also after `GOAWAY` (a session
+    /// open at a drain goes on until the dispatcher's `drain_timeout`).
+    pub async fn open_in_session(
+        &self,
+        buffer: usize,
+        build: impl FnOnce(u32) -> Frame,
+    ) -> Result<StreamGuard, Unavailable> {
+        self.open_if(buffer, build, true).await
+    }
+
+    async fn open_if(
+        &self,
+        buffer: usize,
+        build: impl FnOnce(u32) -> Frame,
+        in_session: bool,
+    ) -> Result<StreamGuard, Unavailable> {
         let permit = self.shared.sem.clone().acquire_owned().await.map_err(|_| Unavailable)?;
         // With flow control the dispatcher sends at most `window` data frames ahead of
         // the reader, plus ERROR and END: the channel never fills, and the connection
@@ -341,7 +380,8 @@ impl ConnHandle {
         let written = Arc::new(AtomicBool::new(false));
         let (id, seq) = {
             let mut t = self.shared.table.lock().unwrap();
-            if self.shared.status() != Status::Up {
+            let status = self.shared.status();
+            if !(status == Status::Up || in_session && status == Status::GoAway) {
                 return Err(Unavailable);
             }
             let id = loop {
@@ -375,7 +415,12 @@ impl ConnHandle {
         };
         let frame = build(id);
         self.cmd
-            .send(Cmd::Open { id, seq, frame })
+            .send(Cmd::Open {
+                id,
+                seq,
+                frame,
+                in_session,
+            })
             .await
             .map_err(|_| Unavailable)?;
         Ok(guard)

@@ -31,6 +31,7 @@ impl Error {
             message: message.into(),
             dispatched,
             retryable: !dispatched,
+            transaction: None,
         }))
     }
 

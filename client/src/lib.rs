@@ -97,6 +97,7 @@ pub mod error;
 pub use osprey_protocol::local;
 pub mod retry;
 pub mod rows;
+pub mod session;
 mod stream;
 pub mod tls;
 
@@ -105,8 +106,10 @@ use std::time::Duration;
 pub use client::{Client, ClientStats};
 pub use config::{ClientConfig, DEFAULT_ADDR, DEFAULT_ADMIN_ADDR};
 pub use error::Error;
+pub use osprey_protocol::TransactionOutcome;
 pub use osprey_protocol::{Column, ErrorCode, Gtid, GtidError, GtidPos, Origin, Request, Statement, Value};
 pub use rows::{display_value, value_to_json, FromRow, FromValue, IntoParam, ResultSetMeta, Row};
+pub use session::{IsolationLevel, Session, SessionOptions, Transaction, TransactionOptions, TxFuture};
 pub use stream::{BatchResult, ExecResult, QueryResult, ResultSet, RowStream, StreamItem};
 pub use tls::TlsConfig;
 

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::{debug, Instrument};
 
 use crate::client::Inner;
-use crate::connection::StreamGuard;
+use crate::connection::{ConnHandle, StreamGuard};
 use crate::error::Error;
 use crate::retry;
 use crate::rows::{ResultSetMeta, Row};
@@ -137,6 +137,8 @@ pub(crate) struct Call {
     started: bool,
     done: bool,
     span: tracing::Span,
+    /// A session's statement: only on this connection, never resent.
+    session: Option<ConnHandle>,
 }
 
 impl Call {
@@ -172,7 +174,17 @@ impl Call {
             started: false,
             done: false,
             span,
+            session: None,
         }
+    }
+
+    /// A statement of the session on `conn`: sent on that connection only, and never
+    /// again (the session's state would not be there on another).
+    pub fn in_session(inner: Arc<Inner>, req: Request, conn: ConnHandle) -> Call {
+        let mut call = Call::new(inner, req, true);
+        call.read_your_writes = false;
+        call.session = Some(conn);
+        call
     }
 
     pub async fn next(&mut self) -> Option<Result<Event, Error>> {
@@ -227,7 +239,7 @@ impl Call {
     }
 
     fn may_resend(&self) -> bool {
-        self.retries < self.inner.cfg.max_retries && (!self.yielded || self.restartable)
+        self.session.is_none() && self.retries < self.inner.cfg.max_retries && (!self.yielded || self.restartable)
     }
 
     fn count_retry(&mut self) {
@@ -272,9 +284,12 @@ impl Call {
                     }
                     return Err(err);
                 }
-                if !written {
+                if !written && self.session.is_none() {
                     debug!(stream = id, "stream was never written; sending on another connection");
                     continue;
+                }
+                if !written {
+                    return Err(session_gone());
                 }
                 self.maybe_dispatched = true;
                 if self.req.idempotent && self.may_resend() {
@@ -376,6 +391,14 @@ impl Call {
 
     /// Waits for a usable connection and opens a stream on it.
     async fn start(&mut self) -> Result<StreamGuard, Error> {
+        if let Some(conn) = self.session.clone() {
+            let frame = Frame::new(Kind::Request, 0, &self.req);
+            let _waiting = self.inner.enter_waiting()?;
+            return conn
+                .open_in_session(self.inner.cfg.stream_buffer, |id| frame.with_stream(id))
+                .await
+                .map_err(|_| session_gone());
+        }
         loop {
             let conn = self.inner.wait_conn().await?;
             self.span.record("conn", conn.shared.connection_id);
@@ -543,4 +566,14 @@ pub(crate) async fn collect(mut call: Call) -> Result<QueryResult, Error> {
         }
     }
     Err(Error::client(ErrorCode::Internal, true, "request ended without END"))
+}
+
+/// A session's connection closed: the session is gone (the dispatcher rolled back what it
+/// had open), and this statement never left.
+pub(crate) fn session_gone() -> Error {
+    Error::client(
+        ErrorCode::SessionAborted,
+        false,
+        "the session's connection to the dispatcher is gone: the session ended (an open transaction was rolled back by the dispatcher)",
+    )
 }

@@ -105,6 +105,8 @@ fn job(f: &Fixture, stream: u32) -> Job {
         queue_deadline: received + Duration::from_secs(1),
         attempts: 0,
         digest: None,
+        opens: None,
+        in_session: false,
     }
 }
 

@@ -13,6 +13,7 @@ use crate::cluster::{ClusterConfig, FailoverConfig, HealthConfig, MemberConfig, 
 use crate::policy::{BlockKinds, InterceptSettings, Limit, SlowLogSettings, ThrottleSettings};
 pub use crate::pool::config::PoolConfig;
 use crate::pool::wait_queue::QueueLimits;
+use crate::request::session::SessionsConfig;
 pub use osprey_protocol::MAX_PIPELINE_DEPTH;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,8 @@ pub struct Config {
     pub intercept: Option<InterceptConfig>,
     /// The per-member throttle's wait and queue (the rates are on `[[cluster.member]]`).
     pub throttle: ThrottleConfig,
+    /// Sessions (pinned workers): their caps and timeouts.
+    pub sessions: SessionsConfig,
     /// A single database, without failover: shorthand for one cluster of one member.
     /// With neither `[backend]` nor `[[cluster]]`, the dispatcher starts a local MariaDB
     /// sandbox (a primary and two replicas) and fronts it as cluster `sandbox`.
@@ -502,6 +505,9 @@ impl Config {
             (Some(min), Some(max)) if min == 0 || min > max => return bad("pool.min must be >= 1 and <= pool.max"),
             (Some(_), None) | (None, Some(_)) => return bad("pool.min and pool.max go together"),
             _ => {}
+        }
+        if self.sessions.max_per_connection == 0 {
+            return bad("sessions.max_per_connection must be at least 1");
         }
         if self.limits.max_streams_per_connection == 0 {
             return bad("limits.max_streams_per_connection must be at least 1");

@@ -77,6 +77,7 @@ impl Ctx {
             groups.clone(),
             config.pool.clone(),
             bounds,
+            config.sessions.clone(),
             secret,
             metrics.clone(),
             policy.clone(),

@@ -134,6 +134,37 @@ pub struct Metrics {
     pub delay: DelayMetrics,
     /// Requests written to workers ahead of time (`pool.pipeline_depth`).
     pub pipeline: PipelineMetrics,
+    pub sessions: SessionMetrics,
+}
+
+/// Sessions (pinned workers, protocol 1.5).
+pub struct SessionMetrics {
+    /// Sessions that got a worker.
+    pub opened: Counter,
+    /// Sessions holding a worker now.
+    pub open: Gauge,
+    /// Sessions ended, by why (`closed` by the client; the rest aborted).
+    ended: Family<ReasonLabel, Counter>,
+}
+
+impl SessionMetrics {
+    pub fn ended(&self, reason: &'static str) {
+        self.ended.get_or_create(&ReasonLabel { reason }).inc();
+    }
+}
+
+fn register_session_metrics(registry: &mut Registry) -> SessionMetrics {
+    let opened = Counter::default();
+    registry.register("sessions_opened", "Sessions that got a pinned worker", opened.clone());
+    let open = Gauge::default();
+    registry.register("sessions_open", "Sessions holding a pinned worker now", open.clone());
+    let ended = Family::<ReasonLabel, Counter>::default();
+    registry.register(
+        "sessions_ended",
+        "Sessions ended, by reason (closed by the client, or why aborted)",
+        ended.clone(),
+    );
+    SessionMetrics { opened, open, ended }
 }
 
 /// Prefetch: how deep the workers' pipelines run, and what was taken back.
@@ -479,10 +510,12 @@ impl Metrics {
         );
         let delay = register_delay_metrics(&mut registry);
         let pipeline = register_pipeline_metrics(&mut registry);
+        let sessions = register_session_metrics(&mut registry);
         Metrics {
             registry,
             scrape: std::sync::Mutex::new(()),
             pipeline,
+            sessions,
             reads,
             delay,
             failovers,

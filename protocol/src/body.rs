@@ -357,6 +357,20 @@ pub struct Request {
         deserialize_with = "causal_gtid_text"
     )]
     pub causal_gtid: Option<String>,
+    /// Opens a session on this stream (protocol 1.5): no `sql` or `batch`; `cluster`,
+    /// `read_only` (a read-only session may pin a replica's worker) and `causal_gtid` (that
+    /// replica must have applied it) apply. The stream stays open for the session's life:
+    /// `SESSION` when a worker is pinned, then `END` after the client's `CANCEL` closes it,
+    /// or `ERROR SESSION_ABORTED` + `END`. `timeout_ms`: the longest wait for a worker
+    /// (0: `sessions.open_timeout_ms`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub open_session: bool,
+    /// Runs this request in the session opened on that stream id of this connection
+    /// (protocol 1.5), on its pinned worker: transaction control, table locks and session
+    /// state are allowed there. `cluster`, `read_only`, `force_primary` and `causal_gtid`
+    /// are ignored (the session's worker decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<u32>,
     /// Not on the wire: the SDK's per-request choice of read-your-writes (`None`: its
     /// `ClientConfig::read_your_writes`). It decides whether the SDK fills `causal_gtid`.
     #[serde(skip)]
@@ -382,6 +396,25 @@ impl Request {
     pub fn validate(&self) -> Result<(), String> {
         if let Some(gtid) = &self.causal_gtid {
             crate::GtidPos::parse(gtid).map_err(|e| format!("causal_gtid: {e}"))?;
+        }
+        if self.open_session {
+            return match (
+                self.sql.is_empty() && self.batch.is_empty() && self.params.is_empty(),
+                self.session,
+            ) {
+                (_, Some(_)) => Err("open_session and session together: a session is opened on its own stream".into()),
+                (false, None) => Err("open_session takes no sql, batch or params: send them in the session".into()),
+                (true, None) => Ok(()),
+            };
+        }
+        if self.session.is_some() && !self.batch.is_empty() {
+            return Err(
+                "a batch cannot run in a session (it is a transaction of its own): send its statements one by one"
+                    .into(),
+            );
+        }
+        if self.session == Some(0) {
+            return Err("session 0: a session is named by the id of the stream that opened it".into());
         }
         match (self.sql.is_empty(), self.batch.is_empty()) {
             (true, true) => Err("request has neither sql nor batch".into()),
@@ -476,6 +509,48 @@ pub struct End {
     /// Protocol 1.3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gtid: Option<String>,
+    /// In a session (protocol 1.5): a transaction is open on the session after this
+    /// request (the server's `SERVER_STATUS_IN_TRANS`). Absent: false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub in_transaction: bool,
+}
+
+/// What became of a session's transaction when the session ended without the client
+/// (`ErrorBody.transaction`, protocol 1.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransactionOutcome {
+    /// A transaction was open and no commit was in flight: the database rolled it back.
+    RolledBack,
+    /// A statement that may commit (`COMMIT`, or one that commits implicitly) was in
+    /// flight: it may or may not have committed. Check the data before retrying.
+    Unknown,
+    /// A value this peer does not know (sent by a newer peer). Never sent deliberately.
+    #[serde(other)]
+    Other,
+}
+
+/// `SESSION` (dispatcher → client, on the stream that opened a session; protocol 1.5): a
+/// worker is pinned to the session from now on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
+pub struct SessionOpened {
+    /// The member whose worker is pinned (a replica for a read-only session, or the primary).
+    pub member: String,
+    /// The pinned worker's slot, for logs and `osprey sessions`.
+    pub slot: u32,
+    /// Whether the session runs on a replica (read-only).
+    pub read_only: bool,
+}
+
+/// `RESET` (dispatcher → worker, protocol 1.5): end the session the worker served.
+/// Empty map; answered with `END`, or `ERROR` + `END` (then the worker exits).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
+pub struct Reset {}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// `ERROR`: on a stream, always followed by `END`; on stream 0, the connection closes after it.
@@ -495,6 +570,10 @@ pub struct ErrorBody {
     pub dispatched: bool,
     /// Whether sending the same request again may succeed.
     pub retryable: bool,
+    /// `SESSION_ABORTED` (protocol 1.5): what became of the session's transaction. Absent:
+    /// no transaction was open (nothing was lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction: Option<TransactionOutcome>,
 }
 
 impl ErrorBody {
@@ -507,6 +586,7 @@ impl ErrorBody {
             sqlstate: None,
             message: message.into(),
             dispatched: false,
+            transaction: None,
             retryable: matches!(
                 code,
                 ErrorCode::QueueFull
@@ -516,6 +596,7 @@ impl ErrorBody {
                     | ErrorCode::WorkerLost
                     | ErrorCode::KeepaliveTimeout
                     | ErrorCode::Throttled
+                    | ErrorCode::SessionLimit
             ),
         }
     }
@@ -654,6 +735,8 @@ named_bodies!(
     QuitRequest,
     QuitNow,
     Started,
+    SessionOpened,
+    Reset,
     Ready,
     Cancel,
     Window,

@@ -138,6 +138,14 @@ codes! {
     SqlBlocked = "SQL_BLOCKED",
     /// The worker could not reach the database at all.
     BackendUnavailable = "BACKEND_UNAVAILABLE",
+    /// No session could be opened: the slot group's `sessions.max_per_group`, or the
+    /// connection's `sessions.max_per_connection`, stayed full for `sessions.open_timeout_ms`
+    /// (or the wait for one was full). Never dispatched; retryable.
+    SessionLimit = "SESSION_LIMIT",
+    /// The session ended without the client closing it (idle in a transaction, idle,
+    /// its maximum duration, its worker or database session lost, a shutdown, an
+    /// operator); `ErrorBody.transaction` says what became of an open transaction.
+    SessionAborted = "SESSION_ABORTED",
     /// The peer did not answer pings within `keepalive_timeout`.
     KeepaliveTimeout = "KEEPALIVE_TIMEOUT",
     /// The client stopped reading a stream (flow control on) for `client_write_timeout`: it was cancelled.

@@ -65,6 +65,9 @@ kinds! {
     /// A pipelining worker is about to send this request's statement to its database
     /// while it still answers an earlier one (1.4): from now on it may have run.
     Started = 0x0B,
+    /// The dispatcher asks a worker to end the session it served (1.5): roll back, drop
+    /// temporary tables, release locks and user variables; answered with `END`.
+    Reset = 0x0C,
     /// Opens a stream with a SQL request.
     Request = 0x10,
     /// Result-set metadata.
@@ -75,6 +78,9 @@ kinds! {
     End = 0x13,
     /// An error; on a stream it is always followed by `END`.
     Error = 0x14,
+    /// A session is open on this stream (1.5): a worker is pinned to it until the
+    /// stream's terminal frame.
+    Session = 0x15,
 }
 
 impl Kind {

@@ -25,8 +25,10 @@ pub use value::Value;
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Minor protocol version: additions that older peers may ignore. 1.3 added
 /// `END.gtid` and `REQUEST.causal_gtid` (read-your-writes); 1.4 the worker link's
-/// pipelining (`STARTED`, `CANCEL` reason `reclaim`, several requests written at once).
-pub const PROTOCOL_MINOR: u16 = 4;
+/// pipelining (`STARTED`, `CANCEL` reason `reclaim`, several requests written at once);
+/// 1.5 sessions (`REQUEST.open_session`/`session`, `SESSION`, `RESET`, `END.in_transaction`,
+/// `ERROR.transaction`).
+pub const PROTOCOL_MINOR: u16 = 5;
 
 /// The most requests a dispatcher writes to one worker before the first of them has
 /// ended (`pool.pipeline_depth`): a worker reads that many ahead while it executes.

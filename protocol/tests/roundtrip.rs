@@ -150,9 +150,19 @@ fn arb_request() -> impl Strategy<Value = Request> {
         any::<u64>(),
         prop::option::of(any::<String>()),
         prop::option::of(any::<String>()),
+        (any::<bool>(), prop::option::of(any::<u32>())),
     )
         .prop_map(
-            |(sql, params, batch, (read_only, idempotent, force_primary), timeout_ms, cluster, causal_gtid)| Request {
+            |(
+                sql,
+                params,
+                batch,
+                (read_only, idempotent, force_primary),
+                timeout_ms,
+                cluster,
+                causal_gtid,
+                (open_session, session),
+            )| Request {
                 sql,
                 params,
                 batch,
@@ -162,6 +172,8 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 timeout_ms,
                 cluster,
                 causal_gtid,
+                open_session,
+                session,
                 // Not on the wire: a decoded request always has None.
                 read_your_writes: None,
             },
@@ -197,17 +209,20 @@ fn arb_end() -> impl Strategy<Value = End> {
         any::<u64>(),
         any::<u64>(),
         any::<u64>(),
-        opt_string(),
+        (opt_string(), any::<bool>()),
     )
         .prop_map(
-            |(affected_rows, last_insert_id, warnings, rows, server_time_us, queue_time_us, gtid)| End {
-                affected_rows,
-                last_insert_id,
-                warnings,
-                rows,
-                server_time_us,
-                queue_time_us,
-                gtid,
+            |(affected_rows, last_insert_id, warnings, rows, server_time_us, queue_time_us, (gtid, in_transaction))| {
+                End {
+                    affected_rows,
+                    last_insert_id,
+                    warnings,
+                    rows,
+                    server_time_us,
+                    queue_time_us,
+                    gtid,
+                    in_transaction,
+                }
             },
         )
 }
@@ -220,10 +235,16 @@ fn arb_error_body() -> impl Strategy<Value = ErrorBody> {
         opt_string(),
         any::<String>(),
         any::<bool>(),
-        any::<bool>(),
+        (
+            any::<bool>(),
+            prop::option::of(prop_oneof![
+                Just(TransactionOutcome::RolledBack),
+                Just(TransactionOutcome::Unknown)
+            ]),
+        ),
     )
         .prop_map(
-            |(origin, code, errno, sqlstate, message, dispatched, retryable)| ErrorBody {
+            |(origin, code, errno, sqlstate, message, dispatched, (retryable, transaction))| ErrorBody {
                 origin,
                 code,
                 errno,
@@ -231,6 +252,7 @@ fn arb_error_body() -> impl Strategy<Value = ErrorBody> {
                 message,
                 dispatched,
                 retryable,
+                transaction,
             },
         )
 }
@@ -270,6 +292,12 @@ proptest! {
     fn quit_request(reason in any::<String>(), requests_served in any::<u64>(), age_ms in any::<u64>()) {
         let b = QuitRequest { reason, requests_served, age_ms };
         prop_assert_eq!(roundtrip(Kind::QuitRequest, 0, &b), b);
+    }
+
+    #[test]
+    fn session_opened(member in any::<String>(), slot in any::<u32>(), read_only in any::<bool>()) {
+        let b = SessionOpened { member, slot, read_only };
+        prop_assert_eq!(roundtrip(Kind::Session, 1, &b), b);
     }
 
     #[test]

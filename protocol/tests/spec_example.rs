@@ -101,6 +101,7 @@ fn example() -> Vec<(&'static str, Frame)> {
                     server_time_us: 180,
                     queue_time_us: 25,
                     gtid: None,
+                    in_transaction: false,
                 },
             ),
         ),

@@ -60,6 +60,34 @@ pub fn commits_out_of_sight(sql: &str) -> bool {
     })
 }
 
+/// Whether running `sql` in a session may commit a transaction, so that a worker lost
+/// while it ran leaves the outcome unknown: `COMMIT`, a statement that commits implicitly
+/// (DDL, `BEGIN`/`START TRANSACTION`, table locks, `SET autocommit`, `LOAD DATA`, table
+/// maintenance, `CALL`/`EXECUTE` and compound statements, which may commit inside), and,
+/// outside a transaction (`in_transaction` false, so under autocommit), anything but a
+/// plain read. Errs on the side of "may": an unknown outcome is never a false promise.
+pub fn may_commit(sql: &str, in_transaction: bool) -> bool {
+    // Every `;`-separated part (a stored program's body too: a false "may" is harmless).
+    let implicit = code_text(sql).split(';').any(|st| {
+        let mut words = st
+            .split(|c: char| c.is_whitespace() || c == '(')
+            .filter(|w| !w.is_empty());
+        let first = words.next().unwrap_or("").to_ascii_lowercase();
+        match first.as_str() {
+            "commit" | "begin" | "start" | "alter" | "create" | "drop" | "rename" | "truncate" | "grant" | "revoke"
+            | "lock" | "unlock" | "load" | "analyze" | "optimize" | "repair" | "check" | "flush" | "reset"
+            | "install" | "uninstall" | "call" | "execute" | "xa" | "if" | "case" | "loop" | "while" | "repeat"
+            | "cache" | "purge" => true,
+            "set" => {
+                let lower = st.to_ascii_lowercase();
+                lower.contains("autocommit") || lower.contains("password")
+            }
+            _ => false,
+        }
+    });
+    implicit || (!in_transaction && classify::classify(sql).route != classify::Route::Replica)
+}
+
 /// `sql` with everything inside quotes, backticks and comments (delimiters
 /// included) blanked out, so that keywords and `;` found in it are code. The
 /// inside of an executable comment (`/*! … */`, `/*M! … */`) is code: the
@@ -397,6 +425,57 @@ pub fn is_plain_select(sql: &str) -> bool {
         && s.as_bytes()[..6].eq_ignore_ascii_case(b"select")
         && s.as_bytes()[6].is_ascii_whitespace()
         && !body.contains(';')
+}
+
+#[cfg(test)]
+mod may_commit_tests {
+    use super::may_commit;
+
+    #[test]
+    fn commits_and_implicit_commits_are_seen_in_and_out_of_a_transaction() {
+        for sql in [
+            "COMMIT",
+            "commit work",
+            "START TRANSACTION",
+            "BEGIN",
+            "CREATE TABLE t (a INT)",
+            "ALTER TABLE t ADD b INT",
+            "TRUNCATE t",
+            "LOCK TABLES t WRITE",
+            "SET autocommit = 1",
+            "CALL p()",
+            "SELECT 1; COMMIT",
+            "/* x */ COMMIT",
+        ] {
+            assert!(may_commit(sql, true), "{sql}");
+            assert!(may_commit(sql, false), "{sql}");
+        }
+    }
+
+    #[test]
+    fn inside_a_transaction_plain_statements_commit_nothing() {
+        for sql in [
+            "UPDATE t SET a = 1",
+            "INSERT INTO t VALUES (1)",
+            "DELETE FROM t",
+            "SELECT * FROM t FOR UPDATE",
+            "SAVEPOINT s",
+            "ROLLBACK TO SAVEPOINT s",
+            "ROLLBACK",
+            "SELECT 'COMMIT'",
+            "SET @a = 1",
+        ] {
+            assert!(!may_commit(sql, true), "{sql}");
+        }
+    }
+
+    #[test]
+    fn outside_a_transaction_a_write_commits_and_a_read_does_not() {
+        assert!(may_commit("UPDATE t SET a = 1", false));
+        assert!(may_commit("INSERT INTO t VALUES (1)", false));
+        assert!(!may_commit("SELECT * FROM t", false));
+        assert!(!may_commit("SELECT 'COMMIT'", false));
+    }
 }
 
 #[cfg(test)]

@@ -187,17 +187,14 @@ impl Executor {
             request.batch.iter().map(|st| self.known.of(&st.sql)).collect()
         };
         let controls_session = texts.iter().any(|f| f.controls_session);
-        // Statement-level pooling: the next request may come from another client.
-        let leaves_state = self.reset == SessionReset::Always || texts.iter().any(|f| f.touches_state);
+        // In a session the worker is pinned to one client until the dispatcher's RESET:
+        // its state is the client's to keep. Otherwise (statement-level pooling) the next
+        // request may come from another client.
+        let in_session = request.session.is_some();
+        let leaves_state = !in_session && (self.reset == SessionReset::Always || texts.iter().any(|f| f.touches_state));
         let out_of_sight = texts.iter().any(|f| f.out_of_sight);
-        if controls_session {
-            return Err(refuse(
-                ErrorCode::InvalidRequest,
-                "each request runs on whichever worker is free, so transaction control (BEGIN, COMMIT, \
-                 ROLLBACK, SET autocommit, XA) and table locks cannot be sent as statements: send the \
-                 statements as one batch, which runs in one transaction"
-                    .into(),
-            ));
+        if controls_session && !in_session {
+            return Err(refuse(ErrorCode::InvalidRequest, NEEDS_SESSION.into()));
         }
         // Timeout: on MariaDB a single plain SELECT is bounded by the server itself;
         // anything else by a timer that sends KILL QUERY.
@@ -249,6 +246,7 @@ impl Executor {
             server_timeout,
             leaves_state,
             out_of_sight,
+            in_session,
         })
     }
 
@@ -281,6 +279,7 @@ impl Executor {
             server_timeout,
             leaves_state,
             out_of_sight,
+            in_session,
         } = checked;
         let mut out = Emitter::new(link, &self.memo, stream, self.limits);
         if let Err(reason) = self.tracker.start(stream) {
@@ -338,6 +337,16 @@ impl Executor {
             Ok(false)
         } else if !settled {
             Err("a KILL QUERY did not settle in time".to_string())
+        } else if in_session {
+            // The session's transaction stays as the client left it (a failed statement
+            // does not end it in MySQL); the dispatcher needs to know whether one is open.
+            match self.in_transaction(&result).await {
+                Ok(open) => {
+                    acc.in_transaction = open;
+                    Ok(false)
+                }
+                Err(e) => Err(e.to_string()),
+            }
         } else {
             match reset_session(&mut self.conn, result.is_err()).await {
                 Ok(left_open) if leaves_state => reset_connection(&mut self.conn, self.mariadb, self.track_gtid)
@@ -370,6 +379,13 @@ impl Executor {
     }
 }
 
+/// Why transaction control outside a session is refused, and what to do instead.
+pub(crate) const NEEDS_SESSION: &str = "each request outside a session runs on whichever worker is free, so \
+     transaction control (BEGIN, COMMIT, ROLLBACK, SET autocommit, XA) and table locks cannot be sent as \
+     single statements: open a session (REQUEST open_session, then requests with session = its stream id; \
+     the SDK's client.transaction() or client.session()), or send the statements as one batch, which runs \
+     in one transaction";
+
 /// Sends a request's terminal frames: `END` with the summary, or `ERROR` + `END`.
 pub(crate) async fn answer(
     out: &mut Emitter<'_>,
@@ -391,6 +407,7 @@ pub(crate) async fn answer(
                 server_time_us: elapsed,
                 queue_time_us: 0,
                 gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
+                in_transaction: acc.in_transaction,
             };
             out.end(&end).await?;
             Ok(Outcome::Served)
@@ -403,7 +420,14 @@ pub(crate) async fn answer(
                 Outcome::Served => debug!(stream, error = %e, "request failed"),
             }
             out.discard();
-            out.fail(body).await?;
+            // In a session the END after the ERROR still says whether a transaction is
+            // open (a failed statement does not end one).
+            out.link.push(&Frame::new(Kind::Error, stream, &body));
+            let end = End {
+                in_transaction: acc.in_transaction,
+                ..End::default()
+            };
+            out.end(&end).await?;
             Ok(outcome)
         }
     }
@@ -422,6 +446,8 @@ pub(crate) fn is_fatal<T>(result: &Result<T, ExecError>) -> bool {
 pub(crate) struct Checked {
     pub(crate) stream: u32,
     pub(crate) request: Request,
+    /// It runs in a session (`REQUEST.session`): no reset after it.
+    pub(crate) in_session: bool,
     /// The single statement's text as sent (with the server-side timeout, if any).
     pub(crate) sql: std::sync::Arc<str>,
     pub(crate) server_timeout: Option<u64>,
@@ -432,6 +458,58 @@ pub(crate) struct Checked {
 }
 
 impl Executor {
+    /// In a session, after a request: whether a transaction is open on the session. After
+    /// a success the server's status flags say; after an error they are stale, so MariaDB
+    /// is asked (`@@in_transaction`); MySQL has no such variable: a deadlock (1213) rolled
+    /// the transaction back, any other error left it as it was.
+    async fn in_transaction(&mut self, result: &Result<(), ExecError>) -> Result<bool, osprey_wire::Error> {
+        let was = self.conn.status_flags().contains(StatusFlags::SERVER_STATUS_IN_TRANS);
+        match result {
+            Ok(()) => Ok(was),
+            Err(_) if self.mariadb => {
+                let rows = session::query_rows(&mut self.conn, "SELECT @@in_transaction").await?;
+                let v = rows.first().and_then(|r| r.first()).and_then(session::text);
+                Ok(v.as_deref() == Some("1"))
+            }
+            Err(ExecError::Db(e)) if e.server().is_some_and(|s| s.code == 1213) => Ok(false),
+            Err(_) => Ok(was),
+        }
+    }
+
+    /// Ends the session this worker served (the dispatcher's `RESET`, protocol 1.5): the
+    /// database session goes back to its initial state (an open transaction rolled back,
+    /// temporary tables dropped, table and user locks released, variables reset), answered
+    /// with `END`. A reset that fails leaves the state unknown: `ERROR DATABASE_FATAL`, and
+    /// the worker exits.
+    pub async fn end_session(&mut self, stream: u32, link: &LinkOut) -> Result<Outcome, LinkGone> {
+        let mut out = Emitter::new(link, &self.memo, stream, self.limits);
+        let result = if self.dead {
+            Err("the database session was lost".to_string())
+        } else {
+            reset_connection(&mut self.conn, self.mariadb, self.track_gtid).await
+        };
+        match result {
+            Ok(()) => {
+                self.session_gtid = None;
+                out.end(&End::default()).await?;
+                Ok(Outcome::Served)
+            }
+            Err(why) => {
+                warn!(error = %why, "resetting the session at its end failed");
+                let body = ErrorBody {
+                    dispatched: true,
+                    ..ErrorBody::undispatched(
+                        Origin::Worker,
+                        ErrorCode::DatabaseFatal,
+                        format!("resetting the session failed: {why}"),
+                    )
+                };
+                out.fail(body).await?;
+                Ok(Outcome::Fatal)
+            }
+        }
+    }
+
     /// The fallback for [`osprey_sql::commits_out_of_sight`]: reads `@@last_gtid` and takes it in if
     /// it is not what the session already had before (then this request committed it).
     async fn ask_last_gtid(&mut self, acc: &mut Summary) {
@@ -543,6 +621,8 @@ pub(crate) struct Summary {
     gtid: GtidPos,
     /// The last `last_gtid` value reported, as the server wrote it.
     last_gtid: Option<String>,
+    /// In a session: a transaction is open after the request (`END.in_transaction`).
+    in_transaction: bool,
 }
 
 fn take_gtid(text: &str, acc: &mut Summary) {
@@ -749,6 +829,7 @@ fn error_body(e: &ExecError, stop: Option<StopReason>, batch: bool) -> (ErrorBod
         message: e.to_string(),
         dispatched: true,
         retryable: false,
+        transaction: None,
     };
     let mut outcome = Outcome::Served;
     match e {

@@ -276,6 +276,8 @@ impl LinkOut {
 #[derive(Debug)]
 pub enum Event {
     Request(Frame),
+    /// End the session served (protocol 1.5), answered on this stream.
+    Reset(u32),
     QuitNow,
     GoAway,
 }
@@ -482,6 +484,7 @@ impl Link {
                 self.tracker.opened(frame.stream);
                 self.events.push(Event::Request(frame));
             }
+            Kind::Reset => self.events.push(Event::Reset(frame.stream)),
             Kind::QuitNow => self.events.push(Event::QuitNow),
             Kind::GoAway => self.events.push(Event::GoAway),
             Kind::Error if frame.stream == 0 => {

@@ -325,6 +325,15 @@ async fn serve(
                 }
                 ask_to_quit(&mut recycler, out, "").await?;
             }
+            Wake::Event(Event::Reset(stream)) => {
+                let outcome = link.drive(out, exec.end_session(stream, out)).await??;
+                last_db_use = Instant::now();
+                if outcome == Outcome::Fatal {
+                    out.flush().await?;
+                    return Ok(exit::DATABASE_FATAL);
+                }
+                ask_to_quit(&mut recycler, out, "").await?;
+            }
             Wake::Event(ev @ (Event::QuitNow | Event::GoAway)) => {
                 info!(event = ?ev, served = recycler.served(), "quitting");
                 link.drive(out, exec.close()).await?;

@@ -16,6 +16,7 @@ pub mod intercept;
 pub mod refusal;
 pub mod reserve;
 pub mod route;
+pub mod session;
 pub mod submit;
 pub mod throttle;
 
@@ -51,6 +52,12 @@ pub async fn admit(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, dra
         Ok(r) => r,
         Err(refusal) => return before_open(refusal).await,
     };
+    if let Some(id) = request.session {
+        return session::statement(ctx, shared, frame, request, id).await;
+    }
+    if request.open_session {
+        return session::open(ctx, shared, frame, request, draining).await;
+    }
     let write = match decode::cluster_group(ctx, &request) {
         Ok(g) => g,
         Err(refusal) => return before_open(refusal).await,
@@ -86,6 +93,8 @@ pub async fn admit(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, dra
         queue_deadline: received + ctx.queue_timeout(),
         attempts: 0,
         digest,
+        opens: None,
+        in_session: false,
     };
     throttle::then_submit(ctx, &group, job).await;
     Ok(())

@@ -51,3 +51,26 @@ pub fn route(
         ReadChoice::Refuse(why) => Err(Refusal::new("unavailable", ErrorCode::BackendUnavailable, why)),
     }
 }
+
+/// The group whose worker a session opened by `request` pins: a read-only session
+/// (`read_only`) a replica's read group when one is fresh enough (`causal_gtid`), like a
+/// read; everything else the write group (a transaction that may write belongs on the
+/// primary).
+pub fn session(
+    write: &Arc<SlotGroup>,
+    cluster: Option<&ClusterRuntime>,
+    request: &Request,
+) -> Result<Arc<SlotGroup>, Refusal> {
+    let Some(reads) = cluster.and_then(|c| c.reads.as_ref()) else {
+        return Ok(write.clone());
+    };
+    if !request.read_only || request.force_primary {
+        return Ok(write.clone());
+    }
+    reads.decided(true, "read_only_session");
+    match reads.pick(request.causal_gtid.as_deref()) {
+        ReadChoice::Replica(pool) => Ok(pool),
+        ReadChoice::Primary(_) => Ok(write.clone()),
+        ReadChoice::Refuse(why) => Err(Refusal::new("unavailable", ErrorCode::BackendUnavailable, why)),
+    }
+}

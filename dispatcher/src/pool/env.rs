@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::pool::{PoolConfig, SlotGroup, GROUP_SLOTS};
+use crate::request::session::SessionsConfig;
 
 /// The bounds a worker link runs by (from `timeouts.*` and `limits.*`).
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +36,8 @@ pub struct WorkerEnv {
     pub groups: Vec<Arc<SlotGroup>>,
     pub pool: PoolConfig,
     pub bounds: LinkBounds,
+    /// `[sessions]`: a pinned worker's idle and duration bounds.
+    pub sessions: SessionsConfig,
     /// Per-boot secret a worker must present; handed to workers on stdin.
     pub secret: String,
     pub metrics: Arc<Metrics>,
@@ -55,6 +58,7 @@ impl WorkerEnv {
         groups: Vec<Arc<SlotGroup>>,
         pool: PoolConfig,
         bounds: LinkBounds,
+        sessions: SessionsConfig,
         secret: String,
         metrics: Arc<Metrics>,
         policy: Arc<Policy>,
@@ -65,6 +69,7 @@ impl WorkerEnv {
             groups,
             pool,
             bounds,
+            sessions,
             secret,
             metrics,
             policy,

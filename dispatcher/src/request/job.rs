@@ -11,6 +11,7 @@ use osprey_protocol::{ErrorBody, ErrorCode, Frame, Origin};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::request::session::{GatePermit, Session};
 use crate::request::streams::StreamGuard;
 
 /// A worker link that could not deliver a job gives it back to the pool; after
@@ -36,6 +37,18 @@ pub struct Job {
     /// is the sum of its statements: it would count against an innocent one) or with
     /// interception off.
     pub digest: Option<osprey_sql::Digest>,
+    /// This job opens a session (protocol 1.5): the link that takes it pins its worker
+    /// and writes nothing to it.
+    pub opens: Option<Box<Opening>>,
+    /// A statement of a session: only its pinned worker may run it, never another.
+    pub in_session: bool,
+}
+
+/// What a job that opens a session carries to the worker link that pins it.
+pub struct Opening {
+    pub session: Arc<Session>,
+    /// Its place under the slot group's `sessions.max_per_group`, held while it lives.
+    pub permit: GatePermit,
 }
 
 impl Job {

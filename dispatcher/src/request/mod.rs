@@ -4,4 +4,5 @@
 //! and neither imports the other for it.
 
 pub mod job;
+pub mod session;
 pub mod streams;

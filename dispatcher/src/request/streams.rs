@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::request::session::Session;
 
 /// Most credit a stream can hold: a client granting more is capped here (a compliant one
 /// never holds more than its window).
@@ -152,6 +153,9 @@ pub struct ClientShared {
     pub request_bytes: Arc<Semaphore>,
     /// Set when the connection is gone: request tasks stop relaying to it.
     pub closed: AtomicBool,
+    /// Its sessions (protocol 1.5), by the id of the stream that opened each: an entry
+    /// lives as long as that stream.
+    sessions: Mutex<HashMap<u32, Arc<Session>>>,
     metrics: Arc<Metrics>,
 }
 
@@ -178,6 +182,7 @@ impl ClientShared {
             window,
             request_bytes: Arc::new(Semaphore::new(request_bytes.clamp(1, u32::MAX as usize))),
             closed: AtomicBool::new(false),
+            sessions: Mutex::new(HashMap::new()),
             metrics,
         })
     }
@@ -264,7 +269,31 @@ impl ClientShared {
         let _ = self.out.send(Frame::new(Kind::End, stream, &End::default())).await;
     }
 
+    fn session_table(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a session opened on its (open) stream, unless `max` are open already.
+    pub fn add_session(&self, session: Arc<Session>, max: usize) -> bool {
+        let mut t = self.session_table();
+        if t.len() >= max {
+            return false;
+        }
+        t.insert(session.stream, session);
+        true
+    }
+
+    /// The session opened on `stream`, while that stream is open.
+    pub fn session(&self, stream: u32) -> Option<Arc<Session>> {
+        self.session_table().get(&stream).cloned()
+    }
+
+    pub fn sessions_open(&self) -> usize {
+        self.session_table().len()
+    }
+
     fn close_stream(&self, stream: u32) {
+        self.session_table().remove(&stream);
         self.table().remove(&stream);
         self.metrics.streams_closed.inc();
         self.metrics.streams_open.dec();
@@ -411,6 +440,7 @@ impl Drop for StreamGuard {
                     message: "request ended without a response".into(),
                     dispatched: self.dispatched,
                     retryable: false,
+                    transaction: None,
                 };
                 frames.push(Frame::new(Kind::Error, self.stream, &body));
             }

@@ -9,6 +9,7 @@ mod big;
 mod faults;
 mod load;
 mod session;
+mod transactions;
 mod types;
 
 use std::time::Duration;

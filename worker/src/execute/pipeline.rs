@@ -117,6 +117,7 @@ impl Executor {
             && self.mariadb
             && c.request.batch.is_empty()
             && !c.leaves_state
+            && !c.in_session
             && (c.request.timeout_ms == 0 || c.server_timeout.is_some())
             && !c.out_of_sight
     }

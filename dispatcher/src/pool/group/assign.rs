@@ -283,6 +283,18 @@ impl SlotGroup {
         Some(job)
     }
 
+    /// Whether the worker of `index` no longer serves what the group serves now: re-targeted
+    /// (failover, switchover), retiring, or gone. A pinned session ends on it rather than
+    /// run on at the member it no longer belongs to.
+    pub fn slot_stale(&self, index: u32, generation: u64) -> bool {
+        let mut g = self.lock();
+        let current = g.target.as_ref().map(|t| t.epoch);
+        match g.linked(index, generation) {
+            Some(slot) => slot.retiring || slot.target.as_ref().map(|t| t.epoch) != current,
+            None => true,
+        }
+    }
+
     /// The worker of `index` ended its request (`served`) or answered one it never ran,
     /// and has more written to it: the first of those is its request now.
     /// False: what is still behind it must be taken back (it serves an old target, is to retire, or the group stopped dispatching: held, unavailable, shutting down).

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::pool::wait_queue::{Holder, QueueLimits, WaitQueue};
 use crate::request::job::Job;
+use crate::request::session::SessionGate;
 
 mod assign;
 mod slots;
@@ -187,6 +188,8 @@ pub struct SlotGroup {
     /// What this group last added to the shared gauges (slot states, queue depth).
     published: [AtomicI64; 4],
     published_depth: AtomicI64,
+    /// The sessions that pin (or are on their way to pin) this group's workers.
+    pub sessions: Arc<SessionGate>,
 }
 
 impl SlotGroup {
@@ -249,6 +252,7 @@ impl SlotGroup {
             busy_tx: watch::channel(0).0,
             published: Default::default(),
             published_depth: AtomicI64::new(0),
+            sessions: Arc::default(),
         })
     }
 

@@ -83,6 +83,8 @@ impl Fixture {
             queue_deadline: received + Duration::from_secs(60),
             attempts: 0,
             digest: None,
+            opens: None,
+            in_session: false,
         }
     }
 
@@ -673,6 +675,8 @@ fn gauges_add_up_over_groups() {
         queue_deadline: received + Duration::from_secs(60),
         attempts: 0,
         digest: None,
+        opens: None,
+        in_session: false,
     };
     assert!(groups[0].submit(job).is_ok());
     assert_eq!(metrics.queue_depth.get(), 1);

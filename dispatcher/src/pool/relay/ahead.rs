@@ -183,7 +183,13 @@ impl Relay {
 
     pub(super) async fn add_behind(&mut self, current: &Option<Current>) -> Result<(), LinkError> {
         let Some(cur) = current else { return Ok(()) };
-        if self.depth <= 1 || cur.cancel_sent || cur.reclaimed || cur.started.elapsed() >= self.hold {
+        // A pinned worker runs its session's statements only, one at a time.
+        if self.depth <= 1
+            || self.pinned.is_some()
+            || cur.cancel_sent
+            || cur.reclaimed
+            || cur.started.elapsed() >= self.hold
+        {
             return Ok(());
         }
         let mut last_slow = self.known_slow(cur.digest.as_ref());

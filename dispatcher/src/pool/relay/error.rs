@@ -40,6 +40,8 @@ pub enum LinkError {
     Dropped,
     /// The slot no longer belongs to this link (killed or exited).
     SlotTaken,
+    /// A session's `RESET` was not answered within `keepalive_timeout`: the worker was killed.
+    ResetTimeout,
 }
 
 impl LinkError {
@@ -63,6 +65,7 @@ impl LinkError {
             LinkError::Shutdown => "dispatcher shutdown",
             LinkError::Dropped => "pool dropped the link",
             LinkError::SlotTaken => "slot taken from the link",
+            LinkError::ResetTimeout => "session reset not answered",
         }
     }
 

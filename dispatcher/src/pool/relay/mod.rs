@@ -31,6 +31,7 @@ mod deadline;
 mod error;
 mod forward;
 mod io;
+mod pinned;
 mod serve;
 
 pub use error::LinkError;
@@ -183,6 +184,8 @@ pub struct Relay {
     /// hand (buffered whole), the requests written at their ENDs go out together, in one
     /// write (see [`Relay::flush_soon`]).
     unflushed: bool,
+    /// The session the worker is pinned to (protocol 1.5; see `pinned.rs`).
+    pinned: Option<pinned::Pinned>,
 }
 
 impl Relay {
@@ -219,6 +222,7 @@ impl Relay {
             head_ws: None,
             stash: Stash::default(),
             unflushed: false,
+            pinned: None,
         }
     }
 
@@ -238,6 +242,11 @@ impl Relay {
         let mut lost = Vec::new();
         if !self.ahead.is_empty() {
             lost = self.settle_ahead(head, &mut current).await;
+        }
+        if let Some(p) = self.pinned.take() {
+            // A pinned worker's request is its session's: never moved to another worker.
+            let cur = current.take();
+            self.unpin(p, Some((why, cur)));
         }
         if let Some(cur) = current.take() {
             if cur.returned {
@@ -299,6 +308,8 @@ impl Relay {
             queue_deadline: cur.queue_deadline,
             attempts: cur.attempts,
             digest: cur.digest,
+            opens: None,
+            in_session: false,
         };
         give_back_counted(&self.env, &self.pool, job, false);
     }
@@ -312,6 +323,17 @@ fn give_back(env: &WorkerEnv, pool: &Arc<SlotGroup>, job: Job) {
 /// [`give_back`]; `vanished`: its worker vanished (counts towards
 /// [`MAX_DISPATCH_ATTEMPTS`]), rather than handing it back alive (a reclaim).
 fn give_back_counted(env: &WorkerEnv, pool: &Arc<SlotGroup>, mut job: Job, vanished: bool) {
+    if job.in_session {
+        // Only its session's pinned worker may run it, and that worker is gone.
+        fail_later(
+            vec![job],
+            env.metrics.clone(),
+            "session_aborted",
+            ErrorCode::SessionAborted,
+            "the session's worker was lost before this statement reached it",
+        );
+        return;
+    }
     job.attempts += u32::from(vanished);
     let failed: Option<(Job, &'static str, ErrorCode, Cow<'static, str>)> = if job.attempts >= MAX_DISPATCH_ATTEMPTS {
         Some((

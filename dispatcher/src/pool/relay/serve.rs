@@ -33,7 +33,18 @@ impl Relay {
                 // About to wait: whatever was queued for the worker goes out first.
                 self.flush().await?;
             }
-            let busy = current.is_some() || drain.is_some();
+            // A pinned worker is its session's: it takes nothing from the group.
+            let busy = current.is_some() || drain.is_some() || self.pinned.is_some();
+            let working =
+                current.is_some() || drain.is_some() || self.pinned.as_ref().is_some_and(|p| p.reset.is_some());
+            self.reset_if_due(working).await?;
+            let serving = self.pinned.as_ref().is_some_and(|p| p.serving());
+            let session_close = self.pinned.as_ref().map_or_else(|| never.clone(), |p| p.closed.clone());
+            let session_due = match &self.pinned {
+                Some(p) if serving && !working => p.due(&env.sessions).unwrap_or(far),
+                Some(p) => p.reset.map_or(far, |(_, by)| by),
+                None => far,
+            };
             let deadline = match (&*current, &*drain) {
                 (Some(c), _) => c.deadline,
                 (None, Some(d)) => d.hard,
@@ -102,6 +113,17 @@ impl Relay {
                 _ = sleep_until(reclaim_due), if reclaim_due != far => {
                     self.reclaim_all().await?;
                 }
+                _ = session_close.cancelled(), if serving => {
+                    self.close_session(current).await?;
+                }
+                _ = sleep_until(session_due), if session_due != far => {
+                    if self.pinned.as_ref().is_some_and(|p| p.reset.is_some()) {
+                        warn!(slot = self.slot, "session RESET not answered within keepalive_timeout; killing the worker");
+                        self.pool.kill(self.slot, self.generation, "session reset not answered");
+                        return Err(LinkError::ResetTimeout);
+                    }
+                    self.session_expired();
+                }
                 _ = self.tick.tick() => {
                     if self.last_rx.elapsed() > env.bounds.keepalive_timeout {
                         warn!("worker silent past keepalive_timeout");
@@ -144,6 +166,11 @@ impl Relay {
                     }
                     self.ping().await?;
                     dr.probed = TokioInstant::now();
+                }
+                job = pinned::next_statement(&mut self.pinned), if serving && !working => {
+                    if let Some(job) = job {
+                        self.session_statement(current, job).await?;
+                    }
                 }
                 job = self.jobs.recv(), if !busy => {
                     let Some(job) = job else { return Err(LinkError::Dropped) };
@@ -204,6 +231,13 @@ impl Relay {
         drain: &mut Option<Draining>,
         quit_sent: &mut bool,
     ) -> Result<(), LinkError> {
+        if frame.stream != 0 && self.is_reset_answer(&frame) {
+            if frame.kind == Kind::End {
+                self.head_ws = None;
+            }
+            *quit_sent |= self.reset_answered(frame, current).await?;
+            return Ok(());
+        }
         let head = current
             .as_ref()
             .map(|c| c.wstream)
@@ -256,12 +290,20 @@ impl Relay {
                 }
                 cur.guard.set_dispatched();
                 cur.errored = true;
-                if is_fatal(&frame) && !cur.fatal {
+                let fatal = is_fatal(&frame);
+                if fatal && !cur.fatal {
                     // Before the client hears of it (and sends its next request):
                     // the other idle sessions to this member likely died too.
                     self.pool.session_lost(self.slot, self.generation);
                 }
-                cur.fatal |= is_fatal(&frame);
+                cur.fatal |= fatal;
+                // In a session the client learns that the session is over and what became
+                // of its transaction, not just the database's error.
+                let frame = if fatal && self.pinned.is_some() {
+                    self.session_fatal(frame)
+                } else {
+                    frame
+                };
                 if cur.client_alive && !cur.stalled && !self.forward(&mut cur.guard, frame).await? {
                     // The client is gone: stop the statement, keep draining to END.
                     cur.client_alive = false;
@@ -326,6 +368,10 @@ impl Relay {
     /// (cancelled, its client gone, or the dispatcher aborting) and was answered.
     pub(super) async fn start(&mut self, current: &mut Option<Current>, job: Job) -> Result<bool, LinkError> {
         let Some(job) = self.skip(job) else { return Ok(false) };
+        if job.opens.is_some() {
+            self.pin(job).await?;
+            return Ok(true);
+        }
         let wstream = self.next_wstream();
         let job = self.write_request(job, wstream).await?;
         self.head_ws = Some(wstream);
@@ -504,6 +550,10 @@ impl Relay {
 
     /// After a request: the next queued job, idle, or QUIT_NOW. Ok(true): QUIT_NOW sent.
     pub(super) async fn advance(&mut self, current: &mut Option<Current>, mut served: bool) -> Result<bool, LinkError> {
+        if self.pinned.is_some() {
+            // The session's next statement comes from its own queue.
+            return Ok(false);
+        }
         loop {
             match self.pool.next_job(self.slot, self.generation, served) {
                 Next::Job(job) => {
@@ -527,6 +577,7 @@ impl Relay {
     /// request. Ok(true): the worker is exiting (fatal database error).
     pub(super) async fn finish(&mut self, mut cur: Current, frame: Frame) -> Result<bool, LinkError> {
         let (frame, end) = with_queue_time(frame, cur.queue_time);
+        self.session_statement_ended(end.as_ref(), cur.fatal);
         if let (Some(digest), Some(end)) = (&cur.digest, &end) {
             self.record(&cur, digest, end);
         }

@@ -1,0 +1,257 @@
+//! Sessions' way through admission (protocol 1.5). Opening one: decode → route (a
+//! read-only session may pin a replica's worker) → reserve (its stream, the connection's
+//! `sessions.max_per_connection`) → the group's `sessions.max_per_group` (a bounded wait)
+//! → submit, as a job that the worker link taking it turns into a pinned worker. A
+//! statement in one: intercept → reserve → throttle (one token per statement, the pinned
+//! member's) → the session's own queue, which only its pinned worker reads.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use osprey_protocol::{ErrorBody, ErrorCode, Frame, Request};
+use tracing::{debug, Instrument};
+
+use crate::admit::{decode, intercept, reserve, route, submit, Refusal};
+use crate::ctx::Ctx;
+use crate::request::job::{Job, Opening};
+use crate::request::session::{GateError, SendError, Session};
+use crate::request::streams::ClientShared;
+
+/// Opens the session that `frame` (a REQUEST with `open_session`) asks for. `Err`: the
+/// peer is broken (see [`crate::admit::admit`]).
+pub async fn open(
+    ctx: &Arc<Ctx>,
+    shared: &Arc<ClientShared>,
+    frame: Frame,
+    request: Request,
+    draining: bool,
+) -> Result<(), ErrorBody> {
+    let stream = frame.stream;
+    let refuse = |refusal: Refusal| async move {
+        ctx.metrics.outcome(refusal.outcome);
+        shared.reject(stream, refusal.body()).await;
+        Ok(())
+    };
+    let write = match decode::cluster_group(ctx, &request) {
+        Ok(g) => g,
+        Err(refusal) => return refuse(refusal).await,
+    };
+    let cluster = ctx.cluster(request.cluster.as_deref());
+    let group = match route::session(write, cluster.map(|c| &**c), &request) {
+        Ok(g) => g,
+        Err(refusal) => return refuse(refusal).await,
+    };
+    let (mut guard, cancel) = match reserve::open(ctx, shared, stream)? {
+        Ok(opened) => opened,
+        Err(refusal) => return refuse(refusal).await,
+    };
+    if let Err(refusal) = reserve::budget(ctx, shared, &mut guard, frame.payload.len(), draining) {
+        ctx.metrics.outcome(refusal.outcome);
+        guard.fail(refusal.body()).await;
+        return Ok(());
+    }
+    let limits = &ctx.config.sessions;
+    let session = Session::new(shared.id, stream, group.cluster().to_owned());
+    if !shared.add_session(session.clone(), limits.max_per_connection) {
+        let refusal = Refusal::new(
+            "session_limit",
+            ErrorCode::SessionLimit,
+            format!(
+                "this connection has sessions.max_per_connection = {} sessions open already",
+                limits.max_per_connection
+            ),
+        );
+        ctx.metrics.outcome(refusal.outcome);
+        guard.fail(refusal.body()).await;
+        return Ok(());
+    }
+    let received = Instant::now();
+    let wait = match (request.timeout_ms, limits.open_timeout_ms) {
+        (0, 0) => ctx.queue_timeout(),
+        (0, ms) => Duration::from_millis(ms),
+        (asked, 0) => Duration::from_millis(asked).min(ctx.queue_timeout()),
+        (asked, ms) => Duration::from_millis(asked.min(ms)),
+    };
+    let job = Job {
+        guard,
+        cancel,
+        frame,
+        timeout: None,
+        received,
+        queue_deadline: received + wait,
+        attempts: 0,
+        digest: None,
+        opens: None,
+        in_session: false,
+    };
+    // The wait for a place runs in its own task: the connection goes on reading.
+    let ctx = ctx.clone();
+    tokio::spawn(
+        async move {
+            let (cap_cfg, queue) = (ctx.config.sessions.clone(), ctx.config.sessions.queue);
+            let sized = group.clone();
+            let entered = tokio::select! {
+                r = group.sessions.enter(|| cap_cfg.cap(sized.target_size()), queue, wait) => r,
+                _ = job.cancel.cancelled() => {
+                    job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting to open a session").await;
+                    return;
+                }
+            };
+            let permit = match entered {
+                Ok(p) => p,
+                Err(e) => {
+                    let cap = ctx.config.sessions.cap(group.target_size());
+                    let why = match e {
+                        GateError::Full => format!(
+                            "{cap} sessions pin this slot group's workers (sessions.max_per_group) and \
+                             sessions.queue = {queue} more wait already"
+                        ),
+                        GateError::Timeout => format!(
+                            "{cap} sessions pin this slot group's workers (sessions.max_per_group) and none \
+                             ended within {} ms",
+                            wait.as_millis()
+                        ),
+                    };
+                    debug!(conn = session.conn, stream = session.stream, "session refused: {why}");
+                    let refusal = Refusal::new("session_limit", ErrorCode::SessionLimit, why);
+                    ctx.metrics.outcome(refusal.outcome);
+                    job.guard.fail(refusal.body()).await;
+                    return;
+                }
+            };
+            let job = Job {
+                opens: Some(Box::new(Opening { session, permit })),
+                ..job
+            };
+            submit::submit(&ctx, &group, job).await;
+        }
+        .in_current_span(),
+    );
+    Ok(())
+}
+
+/// Runs the statement in `frame` in the connection's session `id`.
+pub async fn statement(
+    ctx: &Arc<Ctx>,
+    shared: &Arc<ClientShared>,
+    frame: Frame,
+    request: Request,
+    id: u32,
+) -> Result<(), ErrorBody> {
+    let stream = frame.stream;
+    let refuse = |refusal: Refusal| async move {
+        ctx.metrics.outcome(refusal.outcome);
+        shared.reject(stream, refusal.body()).await;
+        Ok(())
+    };
+    let Some(session) = shared.session(id) else {
+        return refuse(Refusal::new(
+            "bad_request",
+            ErrorCode::InvalidRequest,
+            format!("no session is open on stream {id} of this connection (it ended, or never opened: see that stream's terminal frame)"),
+        ))
+        .await;
+    };
+    let Some(pinned) = session.pinned() else {
+        return refuse(Refusal::new(
+            "bad_request",
+            ErrorCode::InvalidRequest,
+            format!("session {id} is not open yet: wait for its SESSION frame"),
+        ))
+        .await;
+    };
+    let digest = match intercept::check(ctx, &request) {
+        Ok(d) => d,
+        Err(refusal) => return refuse(refusal).await,
+    };
+    let (mut guard, cancel) = match reserve::open(ctx, shared, stream)? {
+        Ok(opened) => opened,
+        Err(refusal) => return refuse(refusal).await,
+    };
+    // A session open at a drain goes on until drain_timeout: its statements are taken.
+    if let Err(refusal) = reserve::budget(ctx, shared, &mut guard, frame.payload.len(), false) {
+        ctx.metrics.outcome(refusal.outcome);
+        guard.fail(refusal.body()).await;
+        return Ok(());
+    }
+    let received = Instant::now();
+    let job = Job {
+        guard,
+        cancel,
+        frame,
+        timeout: (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms)),
+        received,
+        queue_deadline: received + ctx.queue_timeout(),
+        attempts: 0,
+        digest,
+        opens: None,
+        in_session: true,
+    };
+    if ctx.policy.throttle.any_limit() {
+        let key = Ctx::throttle_key(&session.cluster, &pinned.member);
+        if !ctx.policy.throttle.try_acquire(&key) {
+            let ctx = ctx.clone();
+            tokio::spawn(
+                async move {
+                    let cancel = job.cancel.clone();
+                    let got = tokio::select! {
+                        r = ctx.policy.acquire(&key) => r,
+                        _ = cancel.cancelled() => {
+                            job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting for a throttle token").await;
+                            return;
+                        }
+                    };
+                    match got {
+                        Ok(()) => send(&ctx, &session, job).await,
+                        Err(throttled) => {
+                            let refusal = Refusal::from(throttled);
+                            ctx.metrics.outcome(refusal.outcome);
+                            job.guard.fail(refusal.body()).await;
+                        }
+                    }
+                }
+                .in_current_span(),
+            );
+            return Ok(());
+        }
+    }
+    send(ctx, &session, job).await;
+    Ok(())
+}
+
+/// Hands the job to the session's pinned worker; a refusal answers its stream.
+async fn send(ctx: &Ctx, session: &Session, job: Job) {
+    let id = session.stream;
+    let (job, refusal) = match session.send(job) {
+        Ok(()) => return,
+        Err(SendError::NotOpen(job)) => (
+            job,
+            Refusal::new(
+                "bad_request",
+                ErrorCode::InvalidRequest,
+                format!("session {id} is not open yet: wait for its SESSION frame"),
+            ),
+        ),
+        Err(SendError::Full(job)) => (
+            job,
+            Refusal::new(
+                "queue_full",
+                ErrorCode::QueueFull,
+                format!(
+                    "session {id} runs one statement at a time and {} wait already",
+                    crate::request::session::SESSION_QUEUE
+                ),
+            ),
+        ),
+        Err(SendError::Ended(job)) => (
+            job,
+            Refusal::new(
+                "session_aborted",
+                ErrorCode::SessionAborted,
+                format!("session {id} ended before this statement ran (see its stream's terminal frame)"),
+            ),
+        ),
+    };
+    ctx.metrics.outcome(refusal.outcome);
+    job.guard.fail(refusal.body()).await;
+}

@@ -1,0 +1,269 @@
+//! Sessions (protocol 1.5): one worker pinned to one client stream until the session
+//! ends, so that `BEGIN` … application logic … `COMMIT`, temporary tables, user variables
+//! and locks work. Admission opens a [`Session`] and sends its statements into it; the
+//! worker link that takes the opening job owns the pinned worker (see `pool/relay/`).
+//! A slot group's [`SessionGate`] caps how many of its workers sessions may hold.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, Notify};
+
+use crate::request::job::Job;
+
+/// Statements one session may have waiting for its worker (a session runs one at a time;
+/// a client that sends more before the first ended waits behind it). Past it: QUEUE_FULL.
+pub const SESSION_QUEUE: usize = 16;
+
+/// `[sessions]`: the bounds that keep sessions from taking the pool (docs/CONFIG.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// Workers of one slot group that sessions may pin at once; 0: half the group's slots
+    /// (at least 1). The rest always serve single statements.
+    pub max_per_group: usize,
+    /// Sessions one client connection may have open (or opening) at once.
+    pub max_per_connection: usize,
+    /// Opens that may wait for a place under `max_per_group`, per group; more: SESSION_LIMIT at once.
+    pub queue: usize,
+    /// How long an open waits for a place and then a worker (a REQUEST's `timeout_ms` may
+    /// ask for less); 0: `pool.queue_timeout_ms`.
+    pub open_timeout_ms: u64,
+    /// A session idle this long inside an open transaction is rolled back and ended
+    /// (SESSION_ABORTED, reason idle_in_transaction); 0: never.
+    pub idle_in_transaction_timeout_ms: u64,
+    /// A session idle this long outside a transaction is ended; 0: never.
+    pub idle_timeout_ms: u64,
+    /// A session older than this is ended once its statement in flight has ended; 0: never.
+    pub max_duration_ms: u64,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            max_per_group: 0,
+            max_per_connection: 8,
+            queue: 256,
+            open_timeout_ms: 0,
+            idle_in_transaction_timeout_ms: 30_000,
+            idle_timeout_ms: 300_000,
+            max_duration_ms: 3_600_000,
+        }
+    }
+}
+
+impl SessionsConfig {
+    /// The pinned workers a group of `size` slots allows.
+    pub fn cap(&self, size: usize) -> usize {
+        match self.max_per_group {
+            0 => (size / 2).max(1),
+            n => n,
+        }
+    }
+}
+
+/// Where a session's worker is, once pinned.
+#[derive(Debug, Clone)]
+pub struct PinnedTo {
+    pub member: String,
+    pub slot: u32,
+    pub read_only: bool,
+}
+
+/// One session of a client connection: its statements' way to the pinned worker.
+pub struct Session {
+    /// The stream that opened it (the session's id on its connection).
+    pub stream: u32,
+    pub conn: u64,
+    pub cluster: String,
+    pub opened: Instant,
+    jobs: mpsc::Sender<Job>,
+    /// The receiving end, until the worker link that pins it takes it.
+    rx: Mutex<Option<mpsc::Receiver<Job>>>,
+    pinned: Mutex<Option<PinnedTo>>,
+    /// A transaction is open (the last statement's `END.in_transaction`).
+    in_transaction: AtomicBool,
+}
+
+/// Why a statement could not be handed to its session.
+pub enum SendError {
+    /// No worker is pinned yet (the client did not wait for `SESSION`).
+    NotOpen(Job),
+    /// [`SESSION_QUEUE`] statements wait already.
+    Full(Job),
+    /// The session ended (its link is gone).
+    Ended(Job),
+}
+
+impl Session {
+    pub fn new(conn: u64, stream: u32, cluster: String) -> Arc<Session> {
+        let (jobs, rx) = mpsc::channel(SESSION_QUEUE);
+        Arc::new(Session {
+            stream,
+            conn,
+            cluster,
+            opened: Instant::now(),
+            jobs,
+            rx: Mutex::new(Some(rx)),
+            pinned: Mutex::new(None),
+            in_transaction: AtomicBool::new(false),
+        })
+    }
+
+    /// The statements' receiving end, for the worker link that pins the session (once).
+    pub fn take_receiver(&self) -> Option<mpsc::Receiver<Job>> {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    pub fn set_pinned(&self, to: PinnedTo) {
+        *self.pinned.lock().unwrap_or_else(|e| e.into_inner()) = Some(to);
+    }
+
+    /// The pinned worker's member and slot (`None`: not pinned yet).
+    pub fn pinned(&self) -> Option<PinnedTo> {
+        self.pinned.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_in_transaction(&self, open: bool) {
+        self.in_transaction.store(open, Ordering::Relaxed);
+    }
+
+    pub fn in_transaction(&self) -> bool {
+        self.in_transaction.load(Ordering::Relaxed)
+    }
+
+    /// Hands a statement to the pinned worker's link.
+    // The job comes back with the refusal (to be answered): as `SlotGroup::submit`.
+    #[allow(clippy::result_large_err)]
+    pub fn send(&self, job: Job) -> Result<(), SendError> {
+        if self.pinned().is_none() {
+            return Err(SendError::NotOpen(job));
+        }
+        self.jobs.try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(job) => SendError::Full(job),
+            mpsc::error::TrySendError::Closed(job) => SendError::Ended(job),
+        })
+    }
+}
+
+/// Counts the sessions that hold (or wait for) one slot group's workers.
+#[derive(Default)]
+pub struct SessionGate {
+    state: Mutex<GateState>,
+    freed: Notify,
+}
+
+#[derive(Default)]
+struct GateState {
+    open: usize,
+    waiting: usize,
+}
+
+/// A session's place under its group's cap; given back when dropped.
+pub struct GatePermit {
+    gate: Arc<SessionGate>,
+}
+
+impl Drop for GatePermit {
+    fn drop(&mut self) {
+        let mut s = self.gate.lock();
+        s.open = s.open.saturating_sub(1);
+        drop(s);
+        self.gate.freed.notify_waiters();
+    }
+}
+
+/// Why no place under the cap was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateError {
+    /// `max_waiting` opens wait already.
+    Full,
+    /// No place within the wait.
+    Timeout,
+}
+
+impl SessionGate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sessions open (pinned, or on their way to a worker).
+    pub fn open(&self) -> usize {
+        self.lock().open
+    }
+
+    /// A place among `cap` sessions, waiting at most `wait` behind at most `max_waiting`
+    /// others. `cap` is read again at each try: a resized group changes it.
+    pub async fn enter(
+        self: &Arc<Self>,
+        cap: impl Fn() -> usize,
+        max_waiting: usize,
+        wait: Duration,
+    ) -> Result<GatePermit, GateError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut waited = false;
+        let result = loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if s.open < cap() {
+                    s.open += 1;
+                    break Ok(GatePermit { gate: self.clone() });
+                }
+                if !waited {
+                    if s.waiting >= max_waiting {
+                        return Err(GateError::Full);
+                    }
+                    s.waiting += 1;
+                    waited = true;
+                }
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                break Err(GateError::Timeout);
+            }
+        };
+        if waited {
+            let mut s = self.lock();
+            s.waiting = s.waiting.saturating_sub(1);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_gate_caps_waits_and_lets_in_when_a_place_frees() {
+        let gate = Arc::new(SessionGate::default());
+        let a = gate.enter(|| 2, 1, Duration::ZERO).await.unwrap();
+        let _b = gate.enter(|| 2, 1, Duration::ZERO).await.unwrap();
+        assert_eq!(gate.open(), 2);
+        // Full: one may wait, and times out.
+        let started = Instant::now();
+        assert_eq!(
+            gate.enter(|| 2, 1, Duration::from_millis(50)).await.err(),
+            Some(GateError::Timeout)
+        );
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        // A waiter gets the place freed while it waits; a second waiter is refused at once.
+        let g = gate.clone();
+        let waiter = tokio::spawn(async move { g.enter(|| 2, 1, Duration::from_secs(5)).await.is_ok() });
+        while gate.lock().waiting == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            gate.enter(|| 2, 1, Duration::from_secs(5)).await.err(),
+            Some(GateError::Full)
+        );
+        drop(a);
+        assert!(waiter.await.unwrap());
+        // The waiter's permit went with its task: b is left.
+        assert_eq!(gate.open(), 1);
+    }
+}
