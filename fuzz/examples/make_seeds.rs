@@ -133,6 +133,11 @@ fn worker_settings() -> WorkerSettings {
         batch_rows: 256,
         batch_bytes: 65_536,
         connect_timeout_ms: 2_000,
+        backend_tls: Some(BackendTls {
+            mode: SslMode::VerifyIdentity,
+            ca_file: Some("/etc/osprey/ca.pem".into()),
+            server_name: None,
+        }),
         session_reset: SessionReset::Always,
     }
 }
@@ -226,6 +231,29 @@ fn sample_requests() -> Vec<(&'static str, Request)> {
         ),
         ("control", Request::sql("/*!40000 LOCK TABLES t WRITE */")),
         (
+            "open-session",
+            Request {
+                open_session: true,
+                read_only: true,
+                timeout_ms: 2000,
+                ..Default::default()
+            },
+        ),
+        (
+            "in-session",
+            Request {
+                session: Some(3),
+                ..Request::sql("BEGIN")
+            },
+        ),
+        (
+            "open-session-with-sql",
+            Request {
+                open_session: true,
+                ..Request::sql("SELECT 1")
+            },
+        ),
+        (
             "read-only-select",
             Request {
                 read_only: true,
@@ -313,6 +341,19 @@ fn sample_frames() -> Vec<(String, Frame)> {
             ),
         ),
         ("window", Frame::new(Kind::Window, 1, &Window { increment: 8 })),
+        ("reset", Frame::new(Kind::Reset, 1, &Reset {})),
+        (
+            "session",
+            Frame::new(
+                Kind::Session,
+                3,
+                &SessionOpened {
+                    member: "primary".into(),
+                    slot: 2,
+                    read_only: false,
+                },
+            ),
+        ),
         (
             "columns",
             Frame::new(
@@ -347,6 +388,7 @@ fn sample_frames() -> Vec<(String, Frame)> {
                     server_time_us: 180,
                     queue_time_us: 25,
                     gtid: None,
+                    in_transaction: true,
                 },
             ),
         ),
@@ -363,6 +405,7 @@ fn sample_frames() -> Vec<(String, Frame)> {
                     message: "You have an error in your SQL syntax".into(),
                     dispatched: true,
                     retryable: false,
+                    transaction: Some(TransactionOutcome::RolledBack),
                 },
             ),
         ),

@@ -82,6 +82,8 @@ pub fn check_body_of_kind(kind: Kind, payload: Bytes) {
         Kind::QuitRequest => drop(decoded::<QuitRequest>(&frame)),
         Kind::QuitNow => drop(decoded::<QuitNow>(&frame)),
         Kind::Started => drop(decoded::<Started>(&frame)),
+        Kind::Reset => drop(decoded::<Reset>(&frame)),
+        Kind::Session => drop(decoded::<SessionOpened>(&frame)),
         Kind::Cancel => drop(decoded::<Cancel>(&frame)),
         Kind::Ready => drop(decoded::<Ready>(&frame)),
         Kind::Window => drop(decoded::<Window>(&frame)),

@@ -345,11 +345,13 @@ fn kind_codes_are_the_documented_ones() {
         (Kind::Ready, 0x09, true),
         (Kind::Window, 0x0a, false),
         (Kind::Started, 0x0b, false),
+        (Kind::Reset, 0x0c, false),
         (Kind::Request, 0x10, false),
         (Kind::Columns, 0x11, false),
         (Kind::Rows, 0x12, false),
         (Kind::End, 0x13, false),
         (Kind::Error, 0x14, false),
+        (Kind::Session, 0x15, false),
     ];
     assert_eq!(Kind::ALL.len(), table.len());
     for (i, &(kind, code, control)) in table.iter().enumerate() {

@@ -163,3 +163,86 @@ fn minimal_request_body_from_the_doc() {
     let full: Request = example()[2].1.body().unwrap();
     assert_eq!(frame.body::<Request>().unwrap(), full);
 }
+
+/// The session example (protocol 1.5) in docs/PROTOCOL.md, section 9a: open a session on
+/// stream 3, `BEGIN` in it on stream 5, close it.
+fn session_example() -> Vec<(&'static str, Frame)> {
+    vec![
+        (
+            "REQUEST open_session",
+            Frame::new(
+                Kind::Request,
+                3,
+                &Request {
+                    open_session: true,
+                    ..Default::default()
+                },
+            ),
+        ),
+        (
+            "SESSION",
+            Frame::new(
+                Kind::Session,
+                3,
+                &SessionOpened {
+                    member: "primary".into(),
+                    slot: 2,
+                    read_only: false,
+                },
+            ),
+        ),
+        (
+            "REQUEST in session",
+            Frame::new(
+                Kind::Request,
+                5,
+                &Request {
+                    session: Some(3),
+                    ..Request::sql("BEGIN")
+                },
+            ),
+        ),
+        (
+            "END in_transaction",
+            Frame::new(
+                Kind::End,
+                5,
+                &End {
+                    server_time_us: 95,
+                    queue_time_us: 12,
+                    in_transaction: true,
+                    ..Default::default()
+                },
+            ),
+        ),
+        (
+            "CANCEL (close)",
+            Frame::new(Kind::Cancel, 3, &Cancel { reason: "close".into() }),
+        ),
+        ("END (closed)", Frame::new(Kind::End, 3, &End::default())),
+    ]
+}
+
+#[test]
+fn session_example_matches_protocol_md() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/PROTOCOL.md")).unwrap();
+    let mut missing = Vec::new();
+    for (name, frame) in session_example() {
+        let b = block(&frame);
+        println!("{name} ({} bytes)\n```text\n{b}```\n", frame.to_bytes().len());
+        if !doc.contains(&b) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/PROTOCOL.md does not contain the exact hex of {missing:?}"
+    );
+    let frames = session_example();
+    let open: Request = frames[0].1.body().unwrap();
+    assert!(open.open_session && open.validate().is_ok());
+    let stmt: Request = frames[2].1.body().unwrap();
+    assert_eq!(stmt.session, Some(3));
+    let end: End = frames[3].1.body().unwrap();
+    assert!(end.in_transaction);
+}

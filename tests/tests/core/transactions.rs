@@ -485,3 +485,44 @@ async fn a_client_gone_mid_transaction_is_rolled_back_and_its_worker_returned() 
     );
     assert_closed_loop(&c, &[&observer]).await;
 }
+
+/// `osprey shell` keeps one session across its statements: a transaction typed by hand
+/// (a statement over two lines, `BEGIN`, a write seen inside, `ROLLBACK`) behaves as in the
+/// mariadb client, and a user variable lives from one statement to the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn osprey_shell_runs_a_transaction_on_one_session() {
+    let c = cluster("[pool]\nsize = 2\n").await;
+    let client = client(&c).await;
+    setup(&client, "shell").await;
+    let script = "SET @who = 'shell';\nBEGIN;\nUPDATE shell\n  SET v = 7 WHERE id = 1;\n\
+                  SELECT v, @who AS who FROM shell WHERE id = 1;\nROLLBACK;\n\
+                  SELECT v AS after FROM shell WHERE id = 1;\n\\q\n";
+    let (addr, token) = (c.dispatcher.client_addr.to_string(), c.dispatcher.client_token.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = std::process::Command::new(osprey_tests::harness::bin_dir().join("osprey"))
+            .args(["--addr", &addr, "--token", &token, "shell"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run osprey shell");
+        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let inside = stdout.find("shell").expect("the variable survived to the SELECT");
+    assert!(
+        stdout[..inside].contains('7'),
+        "the write is seen inside the transaction:\n{stdout}"
+    );
+    let after = stdout.find("after").expect("the last SELECT ran");
+    assert!(stdout[after..].contains("100"), "rolled back:\n{stdout}");
+    assert_eq!(value(&client, "shell", 1).await, Some(100));
+    c.dispatcher.wait_idle(2, Duration::from_secs(10)).await.unwrap();
+    assert_closed_loop(&c, &[&client]).await;
+}

@@ -179,7 +179,7 @@ async fn huge_length(addr: SocketAddr, token: &str) {
 
 async fn unknown_kind(addr: SocketAddr, token: &str) {
     let (mut raw, _) = Raw::open(addr, token).await;
-    let mut frame = header(1, 0x0c, 1).to_vec();
+    let mut frame = header(1, 0x0d, 1).to_vec();
     frame.push(0x80);
     raw.send_bytes(&frame).await;
     raw.expect_conn_error(ErrorCode::UnknownKind).await;
@@ -187,6 +187,18 @@ async fn unknown_kind(addr: SocketAddr, token: &str) {
     let (mut raw, _) = Raw::open(addr, token).await;
     raw.send(Frame::new(Kind::Started, 1, &osprey_protocol::Started {}))
         .await;
+    raw.expect_conn_error(ErrorCode::ProtocolViolation).await;
+    // RESET (1.5) is the dispatcher's to a worker, SESSION its to a client.
+    let (mut raw, _) = Raw::open(addr, token).await;
+    raw.send(Frame::new(Kind::Reset, 1, &osprey_protocol::Reset {})).await;
+    raw.expect_conn_error(ErrorCode::ProtocolViolation).await;
+    let (mut raw, _) = Raw::open(addr, token).await;
+    let opened = osprey_protocol::SessionOpened {
+        member: "m".into(),
+        slot: 0,
+        read_only: false,
+    };
+    raw.send(Frame::new(Kind::Session, 1, &opened)).await;
     raw.expect_conn_error(ErrorCode::ProtocolViolation).await;
 }
 

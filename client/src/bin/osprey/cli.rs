@@ -75,6 +75,15 @@ pub enum Cmd {
         #[arg(long)]
         primary: bool,
     },
+    /// An interactive SQL prompt on one session (a pinned worker): `BEGIN` … `COMMIT`,
+    /// temporary tables and variables work as in the mariadb client. Statements end with
+    /// `;`; `\\q` (or `quit`, `exit`, end of input) leaves. Reads stdin without a prompt
+    /// when it is not a terminal.
+    Shell {
+        /// Open a read-only session (it may run on a replica).
+        #[arg(long)]
+        read_only: bool,
+    },
     /// Show the dispatcher's pool and slots.
     Status {
         /// Print the raw JSON.

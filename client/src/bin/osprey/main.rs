@@ -34,6 +34,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             timeout,
             primary,
         } => commands::sql::run(&cli, sql, *json, params, *timeout, *primary),
+        Cmd::Shell { read_only } => commands::shell::run(&cli, *read_only),
         Cmd::Status { json } => commands::status::run(&cli, *json),
         Cmd::Pool {
             cmd: PoolCmd::Resize { size },

@@ -77,7 +77,7 @@ fn parse_param(p: &str) -> anyhow::Result<Value> {
     })
 }
 
-fn print_error(e: &Error) {
+pub fn print_error(e: &Error) {
     let origin = format!("{:?}", e.origin()).to_lowercase();
     let mut line = format!("error: {} (origin {origin}", e.code());
     if let Some(n) = e.errno() {
@@ -94,7 +94,7 @@ fn print_error(e: &Error) {
     eprintln!("{line}\n  {}", e.message());
 }
 
-fn print_result(r: &QueryResult, json: bool) {
+pub fn print_result(r: &QueryResult, json: bool) {
     if json {
         for set in &r.sets {
             for row in &set.rows {
