@@ -99,4 +99,31 @@ pub struct PoolView {
     pub respawns: u64,
     pub recycles: u64,
     pub fatal_exits: u64,
+    /// Workers pinned to sessions now (protocol 1.5), and their cap (`sessions.max_per_group`).
+    #[serde(default)]
+    pub sessions: usize,
+    #[serde(default)]
+    pub max_sessions: usize,
+    /// Of those, sessions with a transaction open, and the oldest such transaction's age.
+    #[serde(default)]
+    pub sessions_in_transaction: usize,
+    #[serde(default)]
+    pub longest_transaction_ms: u64,
+}
+
+/// One session in `GET /sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    /// The client connection and the id of the stream that opened the session on it
+    /// (`POST /sessions/kill` takes both).
+    pub conn: u64,
+    pub session: u32,
+    pub cluster: String,
+    pub member: String,
+    pub slot: u32,
+    pub read_only: bool,
+    pub age_ms: u64,
+    pub in_transaction: bool,
+    /// How long the open transaction has been open (0: none is).
+    pub transaction_ms: u64,
 }

@@ -91,6 +91,8 @@ pub struct Session {
     conn: ConnHandle,
     id: u32,
     opened: SessionOpened,
+    /// The session's cluster: its writes' GTIDs count for read-your-writes there.
+    cluster: Option<String>,
     /// The session's own stream: its terminal frame ends the session.
     stream: Mutex<Option<StreamGuard>>,
     /// How the session ended, once known.
@@ -127,6 +129,7 @@ impl Session {
                 .map(|p| p.to_string()),
             ..request
         };
+        let cluster = request.cluster.clone();
         let mut stream = conn
             .open(2, |id| Frame::new(Kind::Request, id, &request))
             .await
@@ -191,6 +194,7 @@ impl Session {
             conn,
             id,
             opened,
+            cluster,
             stream: Mutex::new(Some(stream)),
             ended: Mutex::new(None),
         })
@@ -256,7 +260,9 @@ impl Session {
             return Err(e);
         }
         request.session = Some(self.id);
-        request.cluster = None;
+        // Ignored by the dispatcher (the session's worker decides); the SDK files the
+        // statement's GTID under it.
+        request.cluster.clone_from(&self.cluster);
         let result = collect(Call::in_session(self.inner.clone(), request, self.conn.clone())).await;
         if let Err(e) = &result {
             if e.code() == ErrorCode::SessionAborted {
@@ -387,7 +393,17 @@ impl Transaction {
     /// Commits, then ends the session. An error here may leave the outcome unknown:
     /// see [`Error::transaction_outcome`] (never retried by the SDK).
     pub async fn commit(self) -> Result<ExecResult, Error> {
-        let end = self.session.execute("COMMIT", &[]).await?;
+        let end = self.session.execute("COMMIT", &[]).await.map_err(|e| {
+            // A COMMIT that may have reached the database and was not answered by it (a
+            // timeout, a lost connection or worker): whether it committed is not known.
+            if e.dispatched() && e.origin() != osprey_protocol::Origin::Database && e.transaction_outcome().is_none() {
+                let mut body = e.body().clone();
+                body.transaction = Some(TransactionOutcome::Unknown);
+                Error::from_body(body)
+            } else {
+                e
+            }
+        })?;
         // The commit is done; how the session's close goes does not change it.
         let _ = self.session.close().await;
         Ok(end)

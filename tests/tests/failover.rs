@@ -586,3 +586,60 @@ async fn a_cluster_that_requires_secure_transport_is_monitored_fails_over_and_me
     .await?;
     Ok(())
 }
+
+/// Sessions at a switchover (issue 22): a session without a transaction ends at once
+/// (SESSION_ABORTED, nothing lost); the switchover waits for an open transaction on the
+/// old primary, which commits there and is on the new primary afterwards; then the
+/// switch completes. Before, every pinned worker counted as a write in flight until its
+/// session ended, so one idle session made each switchover roll back at its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_ends_idle_sessions_and_waits_for_an_open_transaction() -> anyhow::Result<()> {
+    let rig = Rig::start(2).await?;
+    let d = start(&rig, FAST).await?;
+    let client = d.client().await?;
+    client
+        .execute("CREATE TABLE sw_tx (id INT PRIMARY KEY, v INT) ENGINE=InnoDB", &[])
+        .await?;
+    let idle = client.session().await?;
+    let tx = client.transaction().await?;
+    tx.execute("INSERT INTO sw_tx VALUES (1, 10)", &[]).await?;
+    let switch = async {
+        let r = d
+            .admin_post("/cluster/switchover", serde_json::json!({ "to": "replica-1" }))
+            .await;
+        (r, Instant::now())
+    };
+    let meanwhile = async {
+        // The idle session ends at once; the switch waits for the transaction.
+        let ended = wait_for(Duration::from_secs(5), "the idle session's abort", || async {
+            idle.aborted()
+        })
+        .await?;
+        assert_eq!(ended.code(), ErrorCode::SessionAborted, "{ended}");
+        assert_eq!(ended.transaction_outcome(), None, "{ended}");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        tx.execute("UPDATE sw_tx SET v = 11 WHERE id = 1", &[]).await?;
+        tx.commit().await?;
+        anyhow::Ok(Instant::now())
+    };
+    let ((answer, switched), committed) = tokio::join!(switch, meanwhile);
+    let (code, body) = answer?;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        switched >= committed?,
+        "the switchover answered only after the transaction committed"
+    );
+    wait_primary(&d, None, Some("replica-1"), None, Duration::from_secs(10)).await?;
+    let mut conn = rig.instance("replica-1").conn().await?;
+    let v: Option<i64> = conn.query_first("SELECT v FROM sw_tx WHERE id = 1").await?;
+    assert_eq!(
+        v,
+        Some(11),
+        "the transaction committed before the switch is on the new primary"
+    );
+    // New sessions go to the new primary.
+    let after = client.session().await?;
+    assert_eq!(after.member(), "replica-1");
+    after.close().await?;
+    Ok(())
+}

@@ -29,7 +29,9 @@ use axum::{Json, Router};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use osprey_admin_api::SessionView;
 use serde::Deserialize;
+use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -130,6 +132,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/delay", get(delay))
         .route("/delay/reset", post(delay_reset))
         .route("/metrics", get(metrics))
+        .route("/sessions", get(sessions))
+        .route("/sessions/kill", post(kill_session))
         .route("/digests", get(super::policy::top))
         .route("/digests/blocked", get(super::policy::blocked))
         .route("/digests/block", post(super::policy::block_sql))
@@ -168,12 +172,75 @@ fn unauthorized() -> Response {
         .into_response()
 }
 
+/// `GET /sessions`: every session pinned to a worker now, oldest first.
+async fn sessions(State(state): State<AdminState>) -> Json<Vec<SessionView>> {
+    let mut all: Vec<SessionView> = state
+        .ctx
+        .groups
+        .iter()
+        .flat_map(|g| g.sessions.sessions())
+        .filter_map(|s| {
+            let pinned = s.pinned()?;
+            Some(SessionView {
+                conn: s.conn,
+                session: s.stream,
+                cluster: s.cluster.clone(),
+                member: pinned.member,
+                slot: pinned.slot,
+                read_only: pinned.read_only,
+                age_ms: s.opened.elapsed().as_millis() as u64,
+                in_transaction: s.in_transaction(),
+                transaction_ms: s.transaction_age().map_or(0, |d| d.as_millis() as u64),
+            })
+        })
+        .collect();
+    all.sort_by(|a, b| b.age_ms.cmp(&a.age_ms));
+    Json(all)
+}
+
+#[derive(Deserialize)]
+struct KillBody {
+    conn: u64,
+    session: u32,
+}
+
+/// `POST /sessions/kill` `{"conn", "session"}`: ends that session as its client's would be
+/// ended by an abort (`SESSION_ABORTED`, reason `operator`; an open transaction rolled back).
+async fn kill_session(State(state): State<AdminState>, Json(body): Json<KillBody>) -> Response {
+    let found = state
+        .ctx
+        .groups
+        .iter()
+        .flat_map(|g| g.sessions.sessions())
+        .find(|s| s.conn == body.conn && s.stream == body.session);
+    match found {
+        Some(s) => {
+            tracing::info!(
+                conn = body.conn,
+                session = body.session,
+                "session ended through the admin API"
+            );
+            s.killed.cancel();
+            Json(json!({"conn": body.conn, "session": body.session, "ended": true})).into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            format!(
+                "no session {} on connection {} holds a worker\n",
+                body.session, body.conn
+            ),
+        )
+            .into_response(),
+    }
+}
+
 pub fn status_of(ctx: &Ctx, budget: &FdBudget) -> Status {
     let (pool, _) = ctx.pool.view();
     let mut slots = Vec::new();
     let mut groups = Vec::new();
     for g in &ctx.groups {
-        let (view, s) = g.view();
+        let (mut view, s) = g.view();
+        view.max_sessions = ctx.config.sessions.cap(view.size);
         groups.push(view);
         slots.extend(s);
     }

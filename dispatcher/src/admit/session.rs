@@ -189,34 +189,51 @@ pub async fn statement(
     };
     if ctx.policy.throttle.any_limit() {
         let key = Ctx::throttle_key(&session.cluster, &pinned.member);
-        if !ctx.policy.throttle.try_acquire(&key) {
-            let ctx = ctx.clone();
-            tokio::spawn(
-                async move {
-                    let cancel = job.cancel.clone();
-                    let got = tokio::select! {
-                        r = ctx.policy.acquire(&key) => r,
-                        _ = cancel.cancelled() => {
-                            job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting for a throttle token").await;
-                            return;
-                        }
-                    };
-                    match got {
-                        Ok(()) => send(&ctx, &session, job).await,
-                        Err(throttled) => {
-                            let refusal = Refusal::from(throttled);
-                            ctx.metrics.outcome(refusal.outcome);
-                            job.guard.fail(refusal.body()).await;
-                        }
-                    }
-                }
-                .in_current_span(),
-            );
+        // In order: behind the session's statements that wait for a token, even with one
+        // at hand (this connection's frames are admitted one by one, so nothing races here).
+        if session.throttled_waiting() || !ctx.policy.throttle.try_acquire(&key) {
+            if session.wait_for_token(job) {
+                tokio::spawn(give_tokens(ctx.clone(), session, key).in_current_span());
+            }
             return Ok(());
         }
     }
     send(ctx, &session, job).await;
     Ok(())
+}
+
+/// Gives the statements of `session` that wait for a throttle token their tokens, one
+/// after the other, and sends each on at once: the session runs them in the order sent.
+/// A statement leaves the line only once handled, so that a later one waits behind it.
+async fn give_tokens(ctx: Arc<Ctx>, session: Arc<Session>, key: String) {
+    while let Some(cancel) = session.first_waiting() {
+        let got = tokio::select! {
+            r = ctx.policy.acquire(&key) => Some(r),
+            _ = cancel.cancelled() => None,
+        };
+        let Some(job) = session.take_waiting() else { return };
+        match got {
+            Some(Ok(())) => send(&ctx, &session, job).await,
+            Some(Err(throttled)) => {
+                debug!(member = %key, "throttled: {throttled}");
+                let refusal = Refusal::from(throttled);
+                ctx.metrics.outcome(refusal.outcome);
+                job.guard.fail(refusal.body()).await;
+            }
+            None => {
+                job.fail(
+                    &ctx.metrics,
+                    "cancelled",
+                    ErrorCode::Cancelled,
+                    "cancelled while waiting for a throttle token",
+                )
+                .await
+            }
+        }
+        if !session.handed() {
+            return;
+        }
+    }
 }
 
 /// Hands the job to the session's pinned worker; a refusal answers its stream.

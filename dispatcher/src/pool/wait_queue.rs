@@ -520,7 +520,10 @@ impl WaitQueue {
                 if c.held >= self.conn_cap {
                     continue; // back in line when one of its workers is free
                 }
-                if light_only && c.heavy && !c.jobs.is_empty() && self.waiting_conns > 1 {
+                // A job that opens a session pins an idle worker; never one written behind
+                // another's request (the link that takes it there would run it as a statement).
+                let opens = c.jobs.front().is_some_and(|j| j.opens.is_some());
+                if light_only && (opens || c.heavy && !c.jobs.is_empty() && self.waiting_conns > 1) {
                     // Not for a busy worker: it keeps its turn, and so does its tenant.
                     tenant.ring.push_front(id, &mut c.line, first);
                     self.ring.push_front(t, &mut tenant.line, tenant_first);

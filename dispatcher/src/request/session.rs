@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
 
 use crate::request::job::Job;
 
@@ -85,6 +86,22 @@ pub struct Session {
     pinned: Mutex<Option<PinnedTo>>,
     /// A transaction is open (the last statement's `END.in_transaction`).
     in_transaction: AtomicBool,
+    /// Since when a transaction is open (for the admin view).
+    transaction_since: Mutex<Option<Instant>>,
+    /// Cancelled when an operator ends the session (`POST /sessions/kill`).
+    pub killed: CancellationToken,
+    /// Statements waiting for a throttle token, in arrival order: a later statement waits
+    /// behind them even when a token is at hand, so that the session runs what its client
+    /// sent in the order sent. Bounded by the connection's streams and request bytes.
+    throttled: Mutex<Lane>,
+}
+
+/// [`Session`]'s statements waiting for a throttle token.
+#[derive(Default)]
+struct Lane {
+    waiting: std::collections::VecDeque<Job>,
+    /// The first has been taken and is being handed on: a later one still waits.
+    handing: bool,
 }
 
 /// Why a statement could not be handed to its session.
@@ -109,6 +126,9 @@ impl Session {
             rx: Mutex::new(Some(rx)),
             pinned: Mutex::new(None),
             in_transaction: AtomicBool::new(false),
+            transaction_since: Mutex::new(None),
+            killed: CancellationToken::new(),
+            throttled: Mutex::new(Lane::default()),
         })
     }
 
@@ -128,10 +148,64 @@ impl Session {
 
     pub fn set_in_transaction(&self, open: bool) {
         self.in_transaction.store(open, Ordering::Relaxed);
+        let mut since = self.transaction_since.lock().unwrap_or_else(|e| e.into_inner());
+        match (open, since.is_some()) {
+            (true, false) => *since = Some(Instant::now()),
+            (false, true) => *since = None,
+            _ => {}
+        }
+    }
+
+    /// How long the open transaction has been open (`None`: none is).
+    pub fn transaction_age(&self) -> Option<Duration> {
+        self.transaction_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|t| t.elapsed())
     }
 
     pub fn in_transaction(&self) -> bool {
         self.in_transaction.load(Ordering::Relaxed)
+    }
+
+    fn lane(&self) -> std::sync::MutexGuard<'_, Lane> {
+        self.throttled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether statements wait for a throttle token (a new one goes behind them).
+    pub fn throttled_waiting(&self) -> bool {
+        let lane = self.lane();
+        !lane.waiting.is_empty() || lane.handing
+    }
+
+    /// Puts a statement behind those waiting for a token. True: none waited, so the
+    /// caller starts the one task that gives them their tokens in order.
+    pub fn wait_for_token(&self, job: Job) -> bool {
+        let mut lane = self.lane();
+        let first = lane.waiting.is_empty() && !lane.handing;
+        lane.waiting.push_back(job);
+        first
+    }
+
+    /// The cancel token of the first statement waiting for a token (`None`: none waits).
+    pub fn first_waiting(&self) -> Option<tokio_util::sync::CancellationToken> {
+        self.lane().waiting.front().map(|j| j.cancel.clone())
+    }
+
+    /// Takes the first waiting statement to hand it on (its token came, or its wait
+    /// ended); later ones keep waiting until [`Session::handed`].
+    pub fn take_waiting(&self) -> Option<Job> {
+        let mut lane = self.lane();
+        let job = lane.waiting.pop_front();
+        lane.handing = job.is_some();
+        job
+    }
+
+    /// The statement taken is handed on (sent, or answered); whether more wait.
+    pub fn handed(&self) -> bool {
+        let mut lane = self.lane();
+        lane.handing = false;
+        !lane.waiting.is_empty()
     }
 
     /// Hands a statement to the pinned worker's link.
@@ -153,6 +227,8 @@ impl Session {
 pub struct SessionGate {
     state: Mutex<GateState>,
     freed: Notify,
+    /// The sessions pinned to the group's workers now (for the admin view).
+    pinned: Mutex<Vec<Arc<Session>>>,
 }
 
 #[derive(Default)]
@@ -194,17 +270,45 @@ impl SessionGate {
         self.lock().open
     }
 
+    fn registry(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Session>>> {
+        self.pinned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A session got one of the group's workers.
+    pub fn pinned(&self, session: &Arc<Session>) {
+        self.registry().push(session.clone());
+    }
+
+    /// That session ended.
+    pub fn unpinned(&self, session: &Arc<Session>) {
+        self.registry().retain(|s| !Arc::ptr_eq(s, session));
+    }
+
+    /// The sessions pinned now.
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        self.registry().clone()
+    }
+
     /// A place among `cap` sessions, waiting at most `wait` behind at most `max_waiting`
-    /// others. `cap` is read again at each try: a resized group changes it.
+    /// others. `cap` is read again at each try: a resized group changes it. Cancel-safe:
+    /// a wait dropped half-way (its client cancelled) leaves the count of waiters right.
     pub async fn enter(
         self: &Arc<Self>,
         cap: impl Fn() -> usize,
         max_waiting: usize,
         wait: Duration,
     ) -> Result<GatePermit, GateError> {
+        /// Counts one waiter while it lives.
+        struct Waiter<'a>(&'a SessionGate);
+        impl Drop for Waiter<'_> {
+            fn drop(&mut self) {
+                let mut s = self.0.lock();
+                s.waiting = s.waiting.saturating_sub(1);
+            }
+        }
         let deadline = tokio::time::Instant::now() + wait;
-        let mut waited = false;
-        let result = loop {
+        let mut waiter = None;
+        loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
@@ -212,25 +316,20 @@ impl SessionGate {
                 let mut s = self.lock();
                 if s.open < cap() {
                     s.open += 1;
-                    break Ok(GatePermit { gate: self.clone() });
+                    return Ok(GatePermit { gate: self.clone() });
                 }
-                if !waited {
+                if waiter.is_none() {
                     if s.waiting >= max_waiting {
                         return Err(GateError::Full);
                     }
                     s.waiting += 1;
-                    waited = true;
+                    waiter = Some(Waiter(self));
                 }
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                break Err(GateError::Timeout);
+                return Err(GateError::Timeout);
             }
-        };
-        if waited {
-            let mut s = self.lock();
-            s.waiting = s.waiting.saturating_sub(1);
         }
-        result
     }
 }
 
@@ -265,5 +364,23 @@ mod tests {
         assert!(waiter.await.unwrap());
         // The waiter's permit went with its task: b is left.
         assert_eq!(gate.open(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_wait_dropped_half_way_leaves_no_waiter_behind() {
+        let gate = Arc::new(SessionGate::default());
+        let _a = gate.enter(|| 1, 1, Duration::ZERO).await.unwrap();
+        for _ in 0..3 {
+            // The client cancels while it waits: the wait is dropped.
+            let waited =
+                tokio::time::timeout(Duration::from_millis(10), gate.enter(|| 1, 1, Duration::from_secs(5))).await;
+            assert!(waited.is_err());
+            assert_eq!(gate.lock().waiting, 0);
+        }
+        // So another may still wait (max_waiting 1), rather than being refused at once.
+        assert_eq!(
+            gate.enter(|| 1, 1, Duration::from_millis(20)).await.err(),
+            Some(GateError::Timeout)
+        );
     }
 }

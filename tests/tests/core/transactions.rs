@@ -526,3 +526,53 @@ async fn osprey_shell_runs_a_transaction_on_one_session() {
     c.dispatcher.wait_idle(2, Duration::from_secs(10)).await.unwrap();
     assert_closed_loop(&c, &[&client]).await;
 }
+
+/// What ops see: `/status` counts the pinned sessions and those in a transaction,
+/// `GET /sessions` lists each (connection, session, member, slot, transaction age), and
+/// `POST /sessions/kill` ends one: its client gets SESSION_ABORTED (rolled back), the
+/// worker is reset and serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_see_the_sessions_and_can_end_one() {
+    let c = cluster("[pool]\nsize = 2\n").await;
+    let client = client(&c).await;
+    setup(&client, "ops_s").await;
+    let tx = client.transaction().await.unwrap();
+    tx.execute("UPDATE ops_s SET v = 1 WHERE id = 1", &[]).await.unwrap();
+    let status = c.dispatcher.status().await.unwrap();
+    let group = &status["groups"][0];
+    assert_eq!(group["sessions"], 1, "{group}");
+    assert_eq!(group["max_sessions"], 1, "half of 2: {group}");
+    assert_eq!(group["sessions_in_transaction"], 1, "{group}");
+    let listed = c.dispatcher.admin_get("/sessions").await.unwrap();
+    let one = &listed[0];
+    assert_eq!(one["slot"], u64::from(tx.session().slot()), "{listed}");
+    assert_eq!(one["in_transaction"], true, "{listed}");
+    assert_eq!(one["member"], tx.session().member(), "{listed}");
+    let (conn, session) = (one["conn"].as_u64().unwrap(), one["session"].as_u64().unwrap());
+    let (code, body) = c
+        .dispatcher
+        .admin_post("/sessions/kill", serde_json::json!({"conn": conn, "session": session}))
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let ended = wait_for(Duration::from_secs(5), "the session's abort", || async {
+        tx.session().aborted()
+    })
+    .await
+    .unwrap();
+    assert_eq!(ended.code(), ErrorCode::SessionAborted, "{}", describe(&ended));
+    assert_eq!(ended.transaction_outcome(), Some(TransactionOutcome::RolledBack));
+    assert!(ended.message().contains("operator"), "{}", ended.message());
+    assert_eq!(value(&client, "ops_s", 1).await, Some(100), "rolled back");
+    let (code, _) = c
+        .dispatcher
+        .admin_post("/sessions/kill", serde_json::json!({"conn": conn, "session": session}))
+        .await
+        .unwrap();
+    assert_eq!(code, 404, "gone");
+    drop(tx);
+    let status = c.dispatcher.status().await.unwrap();
+    assert_eq!(status["groups"][0]["sessions"], 0, "{status}");
+    c.dispatcher.wait_idle(2, Duration::from_secs(10)).await.unwrap();
+    assert_closed_loop(&c, &[&client]).await;
+}

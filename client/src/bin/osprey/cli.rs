@@ -115,6 +115,23 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: Option<DelayCmd>,
     },
+    /// Sessions holding a worker: who, where, for how long, in a transaction; end one.
+    Sessions {
+        #[command(subcommand)]
+        cmd: Option<SessionsCmd>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SessionsCmd {
+    /// Every session pinned to a worker now, oldest first (the default).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a session (SESSION_ABORTED to its client, an open transaction rolled back):
+    /// CONN and SESSION as `osprey sessions` lists them.
+    Kill { conn: u64, session: u32 },
 }
 
 #[derive(Subcommand, Debug)]

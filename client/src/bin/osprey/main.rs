@@ -43,5 +43,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Digests { cmd } => commands::digests::run(&cli, cmd.as_ref()),
         Cmd::Throttle { cmd } => commands::throttle::run(&cli, cmd.as_ref()),
         Cmd::Delay { cmd } => commands::delay::run(&cli, cmd.as_ref()),
+        Cmd::Sessions { cmd } => commands::sessions::run(&cli, cmd.as_ref()),
     }
 }

@@ -21,6 +21,13 @@ impl SlotGroup {
         let mut g = self.lock();
         g.hold = Some(why);
         g.unavailable = None;
+        drop(g);
+        self.hold_tx.send_modify(|n| *n += 1);
+    }
+
+    /// Changes when the group stops dispatching ([`SlotGroup::hold`], unavailable).
+    pub fn hold_changes(&self) -> watch::Receiver<u64> {
+        self.hold_tx.subscribe()
     }
 
     /// Fails waiting and new requests at once (`BACKEND_UNAVAILABLE`, not dispatched)
@@ -36,6 +43,7 @@ impl SlotGroup {
         self.set_depth(&g);
         g.unavailable = Some(why.clone());
         drop(g);
+        self.hold_tx.send_modify(|n| *n += 1);
         let waiting = match self.fallback() {
             Some(fallback) => waiting
                 .into_iter()

@@ -190,6 +190,9 @@ pub struct SlotGroup {
     published_depth: AtomicI64,
     /// The sessions that pin (or are on their way to pin) this group's workers.
     pub sessions: Arc<SessionGate>,
+    /// Bumped whenever the group stops dispatching (a hold, or unavailable): a pinned
+    /// worker's session ends rather than keep a switchover waiting.
+    hold_tx: watch::Sender<u64>,
 }
 
 impl SlotGroup {
@@ -253,6 +256,7 @@ impl SlotGroup {
             published: Default::default(),
             published_depth: AtomicI64::new(0),
             sessions: Arc::default(),
+            hold_tx: watch::channel(0).0,
         })
     }
 

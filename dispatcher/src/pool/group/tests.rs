@@ -250,6 +250,40 @@ fn prefetched_jobs_count_as_held_and_are_released_in_turn() {
     assert_eq!(f.pool.outstanding(), None, "no worker registered");
 }
 
+/// A job that opens a session is never written behind another request (prefetch): only
+/// an idle worker takes it, and pins itself to the session (review of issue 22: a
+/// prefetched opening job reached the worker as a statement and never pinned).
+#[test]
+fn an_opening_job_is_never_prefetched() {
+    let mut f = fixture(2, 2, &[], no_caps());
+    let gen0 = f.links[0].0;
+    f.submit(0, 1);
+    f.submit(0, 2);
+    assert_eq!(f.delivered().len(), 2, "both workers busy");
+    let mut opening = f.job(1, 1);
+    let session = crate::request::session::Session::new(0, 1, "c".into());
+    let gate = std::sync::Arc::new(crate::request::session::SessionGate::default());
+    let permit = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(gate.enter(|| 1, 1, Duration::ZERO))
+        .unwrap_or_else(|_| panic!("a place"));
+    opening.opens = Some(Box::new(crate::request::job::Opening { session, permit }));
+    assert!(f.pool.submit(opening).is_ok());
+    f.submit(0, 3);
+    assert!(
+        f.pool.prefetch(0, gen0).is_none(),
+        "the opening job keeps its turn for an idle worker"
+    );
+    assert_eq!(f.pool.queue_depth(), 2);
+    // A worker that ends its request takes it (as its next job, not behind another).
+    match f.pool.next_job(0, gen0, true) {
+        crate::pool::Next::Job(j) => assert!(j.opens.is_some(), "the opening job, at its turn"),
+        _ => panic!("a job"),
+    }
+}
+
 /// Nothing is written ahead to a worker that is to retire or serves an old target, and
 /// promotion says to take back what is ahead then.
 #[test]

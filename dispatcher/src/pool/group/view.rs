@@ -15,6 +15,8 @@ impl SlotGroup {
         let count = |st: SlotState| g.slots.values().filter(|s| s.state == st).count();
         let q: QueueFigures = g.queue.figures();
         let limits = g.queue.limits();
+        let pinned = self.sessions.sessions();
+        let transactions: Vec<_> = pinned.iter().filter_map(|s| s.transaction_age()).collect();
         let pool = PoolView {
             cluster: self.cluster.clone(),
             role: if self.reads.is_some() {
@@ -43,6 +45,11 @@ impl SlotGroup {
             respawns: self.metrics.respawns.get(),
             recycles: self.metrics.recycles.get(),
             fatal_exits: self.metrics.fatal_exits.get(),
+            sessions: pinned.len(),
+            // The cap is the config's: `status_of` fills it in.
+            max_sessions: 0,
+            sessions_in_transaction: transactions.len(),
+            longest_transaction_ms: transactions.iter().max().map_or(0, |d| d.as_millis() as u64),
         };
         let slots = g
             .slots

@@ -186,6 +186,8 @@ pub struct Relay {
     unflushed: bool,
     /// The session the worker is pinned to (protocol 1.5; see `pinned.rs`).
     pinned: Option<pinned::Pinned>,
+    /// The group's holds (a switchover, the primary lost): a pinned session ends.
+    holds: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Relay {
@@ -203,6 +205,7 @@ impl Relay {
         tick.reset();
         let depth = env.pool.pipeline_depth.clamp(1, osprey_protocol::MAX_PIPELINE_DEPTH);
         let hold = Duration::from_millis(env.pool.pipeline_hold_ms);
+        let holds = pool.hold_changes();
         Relay {
             env,
             pool,
@@ -222,6 +225,7 @@ impl Relay {
             head_ws: None,
             stash: Stash::default(),
             unflushed: false,
+            holds,
             pinned: None,
         }
     }

@@ -24,7 +24,7 @@ use super::*;
 
 /// The session a worker link is pinned to.
 pub(super) struct Pinned {
-    session: Arc<Session>,
+    pub(super) session: Arc<Session>,
     /// The session's stream: its terminal frame ends the session for the client.
     guard: StreamGuard,
     /// Cancelled by the client's `CANCEL` on the session's stream (close) or its
@@ -46,6 +46,9 @@ pub(super) struct Pinned {
     pub(super) reset: Option<(u32, TokioInstant)>,
     /// The worker answered the `RESET` with an error: it exits after its `END`.
     reset_failed: bool,
+    /// The group stopped dispatching (a switchover, the primary lost) while a transaction
+    /// was open: the session ends once it is not in one.
+    end_after_transaction: bool,
 }
 
 /// Why a session ends.
@@ -103,6 +106,15 @@ fn outcome_text(outcome: Option<TransactionOutcome>) -> &'static str {
     }
 }
 
+/// Why a session ended at a hold of its group.
+fn held_text(outcome: Option<TransactionOutcome>) -> String {
+    format!(
+        "session ended: its member stopped taking requests (a switchover or failover in progress, the \
+         primary lost); {}",
+        outcome_text(outcome)
+    )
+}
+
 /// A `SESSION_ABORTED` body.
 fn aborted(message: String, dispatched: bool, transaction: Option<TransactionOutcome>) -> ErrorBody {
     ErrorBody {
@@ -123,7 +135,8 @@ pub(super) async fn next_statement(pinned: &mut Option<Pinned>) -> Option<Job> {
 
 impl Relay {
     /// Pins the worker to the session `job` opens: `SESSION` goes out on its stream.
-    pub(super) async fn pin(&mut self, job: Job) -> Result<(), LinkError> {
+    /// Ok(false): it could not be pinned (answered); the worker is free.
+    pub(super) async fn pin(&mut self, job: Job) -> Result<bool, LinkError> {
         let Job {
             mut guard,
             cancel,
@@ -140,7 +153,7 @@ impl Relay {
                 ErrorCode::Internal,
                 "session opened twice",
             )));
-            return Ok(());
+            return Ok(false);
         };
         let member = self.pool.target_member().unwrap_or_default();
         let read_only = self.pool.read_member().is_some();
@@ -156,7 +169,8 @@ impl Relay {
             read_only,
         };
         let now = TokioInstant::now();
-        let alive = guard.forward(Frame::new(Kind::Session, 0, &opened)).await;
+        // As any frame to a client: a slow one does not stall the link's keepalive.
+        let alive = self.forward(&mut guard, Frame::new(Kind::Session, 0, &opened)).await?;
         info!(
             conn = session.conn,
             session = session.stream,
@@ -164,6 +178,7 @@ impl Relay {
             %member,
             "session opened"
         );
+        self.pool.sessions.pinned(&session);
         self.env.metrics.sessions.opened.inc();
         self.env.metrics.sessions.open.inc();
         self.pinned = Some(Pinned {
@@ -179,8 +194,11 @@ impl Relay {
             ending: (!alive).then(|| Ending::Aborted("disconnected", "the client went away".into())),
             reset: None,
             reset_failed: false,
+            end_after_transaction: false,
         });
-        Ok(())
+        // Holds before this session are not its business.
+        self.holds.borrow_and_update();
+        Ok(true)
     }
 
     /// The session's next statement, taken from its queue: it becomes the worker's
@@ -204,11 +222,15 @@ impl Relay {
             p.ending = Some(Ending::Aborted("retargeted", why));
             return Ok(());
         }
-        p.may_commit = job
+        let may_commit = job
             .frame
             .body::<Request>()
             .map_or(true, |r| osprey_sql::may_commit(&r.sql, p.in_txn));
         if self.start(current, job).await? {
+            // Written: from now on a lost worker may have run it.
+            if let Some(p) = self.pinned.as_mut() {
+                p.may_commit = may_commit;
+            }
             // Writes it out (nothing is added behind a pinned worker's request).
             self.top_up(current).await?;
         }
@@ -224,6 +246,19 @@ impl Relay {
         } else {
             Ending::Closed
         });
+        if let Some(cur) = current.as_mut() {
+            self.send_cancel(cur).await?;
+        }
+        Ok(())
+    }
+
+    /// An operator ends the session (`POST /sessions/kill`): a statement still running is
+    /// stopped first.
+    pub(super) async fn kill_session(&mut self, current: &mut Option<Current>) -> Result<(), LinkError> {
+        let Some(p) = self.pinned.as_mut() else { return Ok(()) };
+        let outcome = p.in_txn.then_some(TransactionOutcome::RolledBack);
+        let text = format!("session ended by an operator; {}", outcome_text(outcome));
+        p.ending = Some(Ending::Aborted("operator", text));
         if let Some(cur) = current.as_mut() {
             self.send_cancel(cur).await?;
         }
@@ -273,8 +308,41 @@ impl Relay {
                 p.may_commit = false;
                 p.in_txn = end.is_some_and(|e| e.in_transaction);
                 p.session.set_in_transaction(p.in_txn);
+                if p.end_after_transaction && !p.in_txn && p.serving() {
+                    p.ending = Some(Ending::Aborted("held", held_text(None)));
+                }
             }
         }
+    }
+
+    /// The group stopped (or resumed) dispatching. Stopped: a switchover waits for the
+    /// requests on the member's workers to end, and a pinned worker counts; so a session
+    /// ends now when no transaction is open (nothing is lost), or right after its
+    /// transaction ends (the switchover waits for that, within its own timeout).
+    pub(super) fn session_held(&mut self, busy: bool) {
+        let held = !self.pool.is_dispatching();
+        let Some(p) = self.pinned.as_mut() else { return };
+        if !held {
+            p.end_after_transaction = false;
+            return;
+        }
+        if !p.in_txn && !busy {
+            p.ending = Some(Ending::Aborted("held", held_text(None)));
+        } else {
+            p.end_after_transaction = true;
+        }
+    }
+
+    /// For the statement on a worker that is given up (killed at its deadline, or at the
+    /// shutdown's): in a session, `SESSION_ABORTED` with what became of the transaction.
+    pub(super) fn session_lost_body(&self, why: &str) -> Option<ErrorBody> {
+        let p = self.pinned.as_ref()?;
+        let outcome = p.outcome();
+        Some(aborted(
+            format!("session aborted: {why}; {}", outcome_text(outcome)),
+            true,
+            outcome,
+        ))
     }
 
     /// A fatal ERROR from the pinned worker (its database session is gone): the client
@@ -360,6 +428,7 @@ impl Relay {
     pub(super) fn unpin(&mut self, mut p: Pinned, lost: Option<(LinkError, Option<Current>)>) {
         let metrics = &self.env.metrics;
         metrics.sessions.open.dec();
+        self.pool.sessions.unpinned(&p.session);
         let (reason, answer) = match (lost, p.ending.take()) {
             (Some((why, cur)), ending) => {
                 let outcome = p.outcome();

@@ -40,6 +40,10 @@ impl Relay {
             self.reset_if_due(working).await?;
             let serving = self.pinned.as_ref().is_some_and(|p| p.serving());
             let session_close = self.pinned.as_ref().map_or_else(|| never.clone(), |p| p.closed.clone());
+            let session_kill = self
+                .pinned
+                .as_ref()
+                .map_or_else(|| never.clone(), |p| p.session.killed.clone());
             let session_due = match &self.pinned {
                 Some(p) if serving && !working => p.due(&env.sessions).unwrap_or(far),
                 Some(p) => p.reset.map_or(far, |(_, by)| by),
@@ -86,7 +90,10 @@ impl Relay {
                     };
                     warn!(slot = self.slot, conn = cur.guard.shared().id, stream = cur.guard.stream(), "{msg}");
                     self.pool.kill(self.slot, self.generation, "request timeout");
-                    tokio::spawn(cur.guard.fail(ErrorBody::undispatched(Origin::Dispatcher, code, msg)));
+                    let body = self
+                        .session_lost_body(msg)
+                        .unwrap_or_else(|| ErrorBody::undispatched(Origin::Dispatcher, code, msg));
+                    tokio::spawn(cur.guard.fail(body));
                     return Err(LinkError::RequestTimeout);
                 }
                 _ = env.abort.cancelled(), if busy => {
@@ -96,11 +103,11 @@ impl Relay {
                         return Err(LinkError::Shutdown);
                     };
                     env.metrics.outcome("shutting_down");
-                    tokio::spawn(cur.guard.fail(ErrorBody::undispatched(
-                        Origin::Dispatcher,
-                        ErrorCode::ShuttingDown,
-                        "drain_timeout passed during shutdown",
-                    )));
+                    let msg = "drain_timeout passed during shutdown";
+                    let body = self
+                        .session_lost_body(msg)
+                        .unwrap_or_else(|| ErrorBody::undispatched(Origin::Dispatcher, ErrorCode::ShuttingDown, msg));
+                    tokio::spawn(cur.guard.fail(body));
                     return Err(LinkError::Shutdown);
                 }
                 _ = cancel.cancelled(), if current.is_some() => {
@@ -115,6 +122,12 @@ impl Relay {
                 }
                 _ = session_close.cancelled(), if serving => {
                     self.close_session(current).await?;
+                }
+                _ = session_kill.cancelled(), if serving => {
+                    self.kill_session(current).await?;
+                }
+                _ = self.holds.changed(), if serving => {
+                    self.session_held(current.is_some());
                 }
                 _ = sleep_until(session_due), if session_due != far => {
                     if self.pinned.as_ref().is_some_and(|p| p.reset.is_some()) {
@@ -323,6 +336,12 @@ impl Relay {
                         after_ms = dr.answered.elapsed().as_millis() as u64,
                         "cancelled statement ended after its stream was answered; the worker is free"
                     );
+                    if self.pinned.is_some() {
+                        // The session learns what the statement left (a COMMIT that ended
+                        // after its client gave up on it, say).
+                        let end = frame.body::<End>().ok();
+                        self.session_statement_ended(end.as_ref(), dr.fatal);
+                    }
                     if dr.fatal {
                         return Err(LinkError::WorkerFatal);
                     }
@@ -369,8 +388,7 @@ impl Relay {
     pub(super) async fn start(&mut self, current: &mut Option<Current>, job: Job) -> Result<bool, LinkError> {
         let Some(job) = self.skip(job) else { return Ok(false) };
         if job.opens.is_some() {
-            self.pin(job).await?;
-            return Ok(true);
+            return self.pin(job).await;
         }
         let wstream = self.next_wstream();
         let job = self.write_request(job, wstream).await?;

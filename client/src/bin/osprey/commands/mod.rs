@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod delay;
 pub mod digests;
 pub mod pool;
+pub mod sessions;
 pub mod shell;
 pub mod sql;
 pub mod status;

@@ -5,6 +5,7 @@ pub mod clusters;
 pub mod delay;
 pub mod digests;
 pub mod events;
+pub mod sessions;
 pub mod status;
 pub mod table;
 pub mod throttle;

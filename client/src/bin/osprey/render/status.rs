@@ -29,6 +29,18 @@ pub fn render_status(st: &Status) -> String {
         p.recycles,
         p.fatal_exits
     ));
+    let (pinned, cap, in_txn, longest) = st.groups.iter().fold((0, 0, 0, 0), |(a, b, c, d), g| {
+        (
+            a + g.sessions,
+            b + g.max_sessions,
+            c + g.sessions_in_transaction,
+            d.max(g.longest_transaction_ms),
+        )
+    });
+    out.push_str(&format!(
+        "sessions: {pinned} pinned (at most {cap}), {in_txn} in a transaction, longest transaction {:.1}s\n",
+        longest as f64 / 1000.0
+    ));
     out.push_str(&format!(
         "clients: {} connections, {} open streams\n",
         st.clients.connections, st.clients.open_streams
@@ -98,6 +110,7 @@ mod tests {
             "osprey 0.1.0 (pid 123), up 12.5s
 pool: size 2 | idle 1 | busy 0 | starting 1 | quitting 0
 queue: 0/1024 from 0 connections (0 at their worker cap) | respawns 0 | recycles 0 | fatal exits 0
+sessions: 0 pinned (at most 0), 0 in a transaction, longest transaction 0.0s
 clients: 1 connections, 0 open streams
 streams: 10 opened, 10 closed
 
