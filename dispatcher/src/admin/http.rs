@@ -194,7 +194,7 @@ async fn sessions(State(state): State<AdminState>) -> Json<Vec<SessionView>> {
             })
         })
         .collect();
-    all.sort_by(|a, b| b.age_ms.cmp(&a.age_ms));
+    all.sort_by_key(|s| std::cmp::Reverse(s.age_ms));
     Json(all)
 }
 
