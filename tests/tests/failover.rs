@@ -643,3 +643,203 @@ async fn a_switchover_ends_idle_sessions_and_waits_for_an_open_transaction() -> 
     after.close().await?;
     Ok(())
 }
+
+/// The bank-transfer invariant (issue 22): 32 clients move money between 100 accounts in
+/// interactive transactions (read both balances FOR UPDATE, decide, write both, log the
+/// transfer, COMMIT), while two pinned workers are killed (-9) and the primary is killed
+/// (a failover). At the end, on the new primary: the total is unchanged; every transfer
+/// whose COMMIT was answered is there; every one whose session aborted with its
+/// transaction rolled back (or that never reached a database) is not; those whose
+/// outcome is unknown are either, and the total says no half of one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bank_transfers_keep_the_total_through_killed_workers_and_a_failover() -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use osprey_client::{params, TransactionOutcome};
+
+    const ACCOUNTS: i64 = 100;
+    const START: i64 = 1000;
+    const CLIENTS: u64 = 32;
+    let rig = Rig::start(2).await?;
+    let d = Dispatcher::start_with(dispatcher_config(
+        &rig.cluster_toml("main", FAST),
+        "[pool]\nsize = 8\n[sessions]\nmax_per_group = 6\nopen_timeout_ms = 20000\n",
+    ))
+    .await?;
+    wait_primary(&d, None, Some("primary"), None, Duration::from_secs(20)).await?;
+    let client = d.client().await?;
+    client
+        .execute(
+            "CREATE TABLE bank (id INT PRIMARY KEY, balance BIGINT NOT NULL) ENGINE=InnoDB",
+            &[],
+        )
+        .await?;
+    client
+        .execute(
+            "CREATE TABLE transfers (id BIGINT PRIMARY KEY, a INT, b INT, amount BIGINT) ENGINE=InnoDB",
+            &[],
+        )
+        .await?;
+    let rows: Vec<String> = (1..=ACCOUNTS).map(|i| format!("({i}, {START})")).collect();
+    client
+        .execute(format!("INSERT INTO bank VALUES {}", rows.join(",")), &[])
+        .await?;
+
+    #[derive(Default)]
+    struct Outcomes {
+        committed: Vec<i64>,
+        rolled_back: Vec<i64>,
+        unknown: Vec<i64>,
+        errors: std::collections::BTreeMap<String, usize>,
+    }
+    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..CLIENTS {
+        let (client, outcomes, stop) = (client.clone(), outcomes.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0i64;
+            let mut seed = t * 7919 + 17;
+            let mut next = move |m: i64| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((seed >> 33) as i64).rem_euclid(m)
+            };
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let id = (t as i64) * 1_000_000 + n;
+                let a = next(ACCOUNTS) + 1;
+                let b = (a + next(ACCOUNTS - 1)) % ACCOUNTS + 1;
+                let amount = next(50) + 1;
+                let result = async {
+                    let tx = client.transaction().await?;
+                    let (lo, hi) = (a.min(b), a.max(b));
+                    let balances = tx
+                        .query_as::<(i64, i64)>(
+                            "SELECT id, balance FROM bank WHERE id IN (?, ?) ORDER BY id FOR UPDATE",
+                            &params![lo, hi],
+                        )
+                        .await?;
+                    let from = balances.iter().find(|(i, _)| *i == a).map_or(0, |(_, v)| *v);
+                    if from < amount {
+                        tx.rollback().await?;
+                        return Ok(false);
+                    }
+                    tx.execute(
+                        "UPDATE bank SET balance = balance - ? WHERE id = ?",
+                        &params![amount, a],
+                    )
+                    .await?;
+                    tx.execute(
+                        "UPDATE bank SET balance = balance + ? WHERE id = ?",
+                        &params![amount, b],
+                    )
+                    .await?;
+                    tx.execute("INSERT INTO transfers VALUES (?, ?, ?, ?)", &params![id, a, b, amount])
+                        .await?;
+                    tx.commit().await?;
+                    Ok::<bool, osprey_client::Error>(true)
+                }
+                .await;
+                let mut o = outcomes.lock().unwrap();
+                if let Err(e) = &result {
+                    *o.errors.entry(format!("{} {:?}", e.code(), e.errno())).or_default() += 1;
+                }
+                match result {
+                    Ok(true) => o.committed.push(id),
+                    Ok(false) => {}
+                    Err(e) => match e.transaction_outcome() {
+                        Some(TransactionOutcome::Unknown) => o.unknown.push(id),
+                        // Rolled back, or failed before a write: not there.
+                        _ if e.code() != ErrorCode::OutcomeUnknown => o.rolled_back.push(id),
+                        _ => o.unknown.push(id),
+                    },
+                }
+            }
+        }));
+    }
+    let progress = |n: usize| {
+        let outcomes = outcomes.clone();
+        wait_for(Duration::from_secs(30), "transfers committing", move || {
+            let outcomes = outcomes.clone();
+            async move { (outcomes.lock().unwrap().committed.len() >= n).then_some(()) }
+        })
+    };
+    progress(50).await?;
+    // Two pinned workers killed mid-transaction.
+    for _ in 0..2 {
+        let sessions = d.admin_get("/sessions").await?;
+        let slot = sessions[0]["slot"].as_u64().expect("a pinned slot");
+        let pid = d
+            .worker_pids()
+            .await?
+            .into_iter()
+            .find(|(s, _)| *s == slot)
+            .and_then(|(_, p)| p)
+            .expect("its pid");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+        let before = outcomes.lock().unwrap().committed.len();
+        progress(before + 30).await?;
+    }
+    // The primary dies.
+    rig.instance("primary").kill();
+    let new = wait_primary(&d, None, None, Some("primary"), Duration::from_secs(20)).await?;
+    let before = outcomes.lock().unwrap().committed.len();
+    progress(before + 50).await?;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await?;
+    }
+    let o = std::mem::take(&mut *outcomes.lock().unwrap());
+    println!(
+        "transfers: {} committed, {} rolled back or never sent, {} outcome unknown",
+        o.committed.len(),
+        o.rolled_back.len(),
+        o.unknown.len()
+    );
+    println!("errors: {:?}", o.errors);
+    assert!(!o.rolled_back.is_empty(), "the faults aborted some transactions");
+    let mut conn = rig.instance(&new).conn().await?;
+    use mysql_async::prelude::Queryable;
+    let total: i64 = conn
+        .query_first("SELECT CAST(SUM(balance) AS SIGNED) FROM bank")
+        .await?
+        .expect("a sum");
+    assert_eq!(total, ACCOUNTS * START, "money was created or lost");
+    let present: std::collections::HashSet<i64> = conn
+        .query::<i64, _>("SELECT id FROM transfers")
+        .await?
+        .into_iter()
+        .collect();
+    let lost: Vec<_> = o.committed.iter().filter(|id| !present.contains(id)).collect();
+    assert!(
+        lost.is_empty(),
+        "committed transfers missing on the new primary: {lost:?}"
+    );
+    let ghosts: Vec<_> = o.rolled_back.iter().filter(|id| present.contains(id)).collect();
+    assert!(
+        ghosts.is_empty(),
+        "transfers reported rolled back are there: {ghosts:?}"
+    );
+    let unknown_there = o.unknown.iter().filter(|id| present.contains(id)).count();
+    println!("of the unknown, {unknown_there} committed");
+    // The balances agree with the log: each account is START plus what it received minus
+    // what it sent, over the transfers that are there.
+    let log: Vec<(i64, i64, i64)> = conn.query("SELECT a, b, amount FROM transfers").await?;
+    let mut expected = vec![START; ACCOUNTS as usize + 1];
+    for (a, b, amount) in log {
+        expected[a as usize] -= amount;
+        expected[b as usize] += amount;
+    }
+    let balances: Vec<(i64, i64)> = conn.query("SELECT id, balance FROM bank ORDER BY id").await?;
+    for (id, balance) in balances {
+        assert_eq!(
+            balance, expected[id as usize],
+            "account {id} disagrees with the transfer log"
+        );
+    }
+    Ok(())
+}

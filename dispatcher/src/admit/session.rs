@@ -52,19 +52,7 @@ pub async fn open(
     }
     let limits = &ctx.config.sessions;
     let session = Session::new(shared.id, stream, group.cluster().to_owned());
-    if !shared.add_session(session.clone(), limits.max_per_connection) {
-        let refusal = Refusal::new(
-            "session_limit",
-            ErrorCode::SessionLimit,
-            format!(
-                "this connection has sessions.max_per_connection = {} sessions open already",
-                limits.max_per_connection
-            ),
-        );
-        ctx.metrics.outcome(refusal.outcome);
-        guard.fail(refusal.body()).await;
-        return Ok(());
-    }
+    shared.add_session(session.clone());
     let received = Instant::now();
     let wait = match (request.timeout_ms, limits.open_timeout_ms) {
         (0, 0) => ctx.queue_timeout(),
@@ -86,12 +74,37 @@ pub async fn open(
     };
     // The wait for a place runs in its own task: the connection goes on reading.
     let ctx = ctx.clone();
+    let conn_gate = shared.session_gate.clone();
     tokio::spawn(
         async move {
             let (cap_cfg, queue) = (ctx.config.sessions.clone(), ctx.config.sessions.queue);
-            let sized = group.clone();
+            let per_conn = cap_cfg.max_per_connection;
+            let deadline = tokio::time::Instant::now() + wait;
+            // First a place among this connection's sessions, then one among the group's.
             let entered = tokio::select! {
-                r = group.sessions.enter(|| cap_cfg.cap(sized.target_size()), queue, wait) => r,
+                r = conn_gate.enter(|| per_conn, usize::MAX, wait) => r,
+                _ = job.cancel.cancelled() => {
+                    job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting to open a session").await;
+                    return;
+                }
+            };
+            let conn_permit = match entered {
+                Ok(p) => p,
+                Err(_) => {
+                    let why = format!(
+                        "this connection kept sessions.max_per_connection = {per_conn} sessions open for {} ms",
+                        wait.as_millis()
+                    );
+                    let refusal = Refusal::new("session_limit", ErrorCode::SessionLimit, why);
+                    ctx.metrics.outcome(refusal.outcome);
+                    job.guard.fail(refusal.body()).await;
+                    return;
+                }
+            };
+            let sized = group.clone();
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let entered = tokio::select! {
+                r = group.sessions.enter(|| cap_cfg.cap(sized.target_size()), queue, left) => r,
                 _ = job.cancel.cancelled() => {
                     job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting to open a session").await;
                     return;
@@ -120,7 +133,11 @@ pub async fn open(
                 }
             };
             let job = Job {
-                opens: Some(Box::new(Opening { session, permit })),
+                opens: Some(Box::new(Opening {
+                    session,
+                    permit,
+                    conn_permit,
+                })),
                 ..job
             };
             submit::submit(&ctx, &group, job).await;

@@ -49,6 +49,8 @@ pub struct Opening {
     pub session: Arc<Session>,
     /// Its place under the slot group's `sessions.max_per_group`, held while it lives.
     pub permit: GatePermit,
+    /// Its place under its connection's `sessions.max_per_connection`.
+    pub conn_permit: GatePermit,
 }
 
 impl Job {

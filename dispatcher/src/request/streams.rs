@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::request::session::Session;
+use crate::request::session::{Session, SessionGate};
 
 /// Most credit a stream can hold: a client granting more is capped here (a compliant one
 /// never holds more than its window).
@@ -156,6 +156,8 @@ pub struct ClientShared {
     /// Its sessions (protocol 1.5), by the id of the stream that opened each: an entry
     /// lives as long as that stream.
     sessions: Mutex<HashMap<u32, Arc<Session>>>,
+    /// Its sessions against `sessions.max_per_connection` (a bounded wait beyond it).
+    pub session_gate: Arc<SessionGate>,
     metrics: Arc<Metrics>,
 }
 
@@ -183,6 +185,7 @@ impl ClientShared {
             request_bytes: Arc::new(Semaphore::new(request_bytes.clamp(1, u32::MAX as usize))),
             closed: AtomicBool::new(false),
             sessions: Mutex::new(HashMap::new()),
+            session_gate: Arc::default(),
             metrics,
         })
     }
@@ -273,14 +276,9 @@ impl ClientShared {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a session opened on its (open) stream, unless `max` are open already.
-    pub fn add_session(&self, session: Arc<Session>, max: usize) -> bool {
-        let mut t = self.session_table();
-        if t.len() >= max {
-            return false;
-        }
-        t.insert(session.stream, session);
-        true
+    /// Adds a session opened on its (open) stream; it leaves with that stream.
+    pub fn add_session(&self, session: Arc<Session>) {
+        self.session_table().insert(session.stream, session);
     }
 
     /// The session opened on `stream`, while that stream is open.

@@ -263,13 +263,20 @@ fn an_opening_job_is_never_prefetched() {
     let mut opening = f.job(1, 1);
     let session = crate::request::session::Session::new(0, 1, "c".into());
     let gate = std::sync::Arc::new(crate::request::session::SessionGate::default());
-    let permit = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap()
-        .block_on(gate.enter(|| 1, 1, Duration::ZERO))
-        .unwrap_or_else(|_| panic!("a place"));
-    opening.opens = Some(Box::new(crate::request::job::Opening { session, permit }));
+        .unwrap();
+    let place = || {
+        rt.block_on(gate.enter(|| 2, 1, Duration::ZERO))
+            .unwrap_or_else(|_| panic!("a place"))
+    };
+    let (permit, conn_permit) = (place(), place());
+    opening.opens = Some(Box::new(crate::request::job::Opening {
+        session,
+        permit,
+        conn_permit,
+    }));
     assert!(f.pool.submit(opening).is_ok());
     f.submit(0, 3);
     assert!(

@@ -31,8 +31,9 @@ pub(super) struct Pinned {
     /// connection closing.
     pub(super) closed: CancellationToken,
     jobs: mpsc::Receiver<Job>,
-    /// Its place under the group's `sessions.max_per_group`.
-    _permit: GatePermit,
+    /// Its places under the group's `sessions.max_per_group` and its connection's
+    /// `sessions.max_per_connection`.
+    _permits: (GatePermit, GatePermit),
     opened: TokioInstant,
     last_active: TokioInstant,
     /// A transaction is open (the last END's `in_transaction`).
@@ -186,7 +187,7 @@ impl Relay {
             guard,
             closed: cancel,
             jobs,
-            _permit: opening.permit,
+            _permits: (opening.permit, opening.conn_permit),
             opened: now,
             last_active: now,
             in_txn: false,
