@@ -90,7 +90,7 @@ struct Entry {
     /// `None` once the caller has gone away: later frames are discarded.
     tx: Option<mpsc::Sender<Frame>>,
     written: Arc<AtomicBool>,
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
 }
 
 #[derive(Default)]
@@ -368,7 +368,14 @@ impl ConnHandle {
         build: impl FnOnce(u32) -> Frame,
         in_session: bool,
     ) -> Result<StreamGuard, Unavailable> {
-        let permit = self.shared.sem.clone().acquire_owned().await.map_err(|_| Unavailable)?;
+        // After GOAWAY the permits are closed (new requests move to the next connection);
+        // a session's statement still goes here, unbounded by them: a session runs one at
+        // a time.
+        let permit = match self.shared.sem.clone().acquire_owned().await {
+            Ok(p) => Some(p),
+            Err(_) if in_session => None,
+            Err(_) => return Err(Unavailable),
+        };
         // With flow control the dispatcher sends at most `window` data frames ahead of
         // the reader, plus ERROR and END: the channel never fills, and the connection
         // never has to stop reading for one stream.

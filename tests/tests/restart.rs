@@ -625,3 +625,67 @@ async fn sdk_reconnects_after_dispatcher_sigkill() {
         .await
         .expect("no stray workers");
 }
+
+/// Sessions at SIGTERM (issue 22): a transaction open at the signal may go on until
+/// `drain_timeout` (its statements are still taken after GOAWAY) and commits; one still
+/// open at the deadline is aborted (SESSION_ABORTED, rolled back) and its write is not
+/// there; the dispatcher then exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_lets_open_transactions_finish_until_its_deadline() {
+    let Cluster {
+        mut dispatcher,
+        sandbox,
+    } = Cluster::start("[pool]\nsize = 4\n[timeouts]\ndrain_timeout_ms = 1500\n")
+        .await
+        .expect("cluster");
+    let d = &mut dispatcher;
+    let client = d.client().await.unwrap();
+    client
+        .execute("CREATE TABLE drain_tx (id INT PRIMARY KEY) ENGINE=InnoDB", &[])
+        .await
+        .unwrap();
+    let finishing = client.transaction().await.unwrap();
+    let lingering = client.transaction().await.unwrap();
+    finishing.execute("INSERT INTO drain_tx VALUES (1)", &[]).await.unwrap();
+    lingering.execute("INSERT INTO drain_tx VALUES (2)", &[]).await.unwrap();
+    let t0 = Instant::now();
+    d.signal(Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // After GOAWAY: the open transaction goes on and commits.
+    finishing
+        .execute("INSERT INTO drain_tx VALUES (3)", &[])
+        .await
+        .unwrap_or_else(|e| panic!("a statement of an open session during the drain: {}", describe(&e)));
+    finishing
+        .commit()
+        .await
+        .unwrap_or_else(|e| panic!("commit during the drain: {}", describe(&e)));
+    // The other is still open at the deadline: aborted, rolled back.
+    let ended = wait_for(Duration::from_secs(5), "the lingering session's abort", || async {
+        lingering.session().aborted()
+    })
+    .await
+    .unwrap();
+    assert_eq!(ended.code(), ErrorCode::SessionAborted, "{}", describe(&ended));
+    assert_eq!(
+        ended.transaction_outcome(),
+        Some(osprey_client::TransactionOutcome::RolledBack),
+        "{}",
+        describe(&ended)
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1400),
+        "not before drain_timeout: {:?}",
+        t0.elapsed()
+    );
+    drop(lingering);
+    let code = d.wait_exit(Duration::from_secs(10)).await.expect("exits");
+    assert_eq!(code, Some(0));
+    let mut conn = sandbox.primary().conn().await.unwrap();
+    let ids: Vec<i64> = conn.query("SELECT id FROM drain_tx ORDER BY id").await.unwrap();
+    assert_eq!(
+        ids,
+        vec![1, 3],
+        "the finished transaction is there, the aborted one is not"
+    );
+}
