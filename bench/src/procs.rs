@@ -141,6 +141,13 @@ worker_log = "warn"
 
 [limits]
 max_streams_per_connection = {streams}
+
+[sessions]
+# The transaction workload: every worker may be pinned (there is no other traffic), and
+# one connection serves up to 256 tasks.
+max_per_group = {workers}
+max_per_connection = {streams}
+open_timeout_ms = 60000
 "#,
             runtime = dir.path().display(),
             queue = (2 * max_clients).max(4096),

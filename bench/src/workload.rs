@@ -21,6 +21,12 @@ pub const STOP: u8 = 2;
 pub const POINT_SQL: &str = "SELECT c FROM sbtest1 WHERE id = ?";
 pub const RANGE_SQL: &str = "SELECT c FROM sbtest1 WHERE id BETWEEN ? AND ?+99";
 pub const INSERT_SQL: &str = "INSERT INTO sbtest_insert (k, c, pad) VALUES (?, ?, ?)";
+/// sysbench `oltp_read_write`'s writes, on `sbtest1` (the delete and the insert use one id,
+/// so the table keeps its rows).
+pub const INDEX_UPDATE_SQL: &str = "UPDATE sbtest1 SET k = k + 1 WHERE id = ?";
+pub const NON_INDEX_UPDATE_SQL: &str = "UPDATE sbtest1 SET c = ? WHERE id = ?";
+pub const DELETE_SQL: &str = "DELETE FROM sbtest1 WHERE id = ?";
+pub const REINSERT_SQL: &str = "INSERT INTO sbtest1 (id, k, c, pad) VALUES (?, ?, ?, ?)";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -32,6 +38,12 @@ pub enum Workload {
     Insert,
     /// One insert for every four point selects.
     Mix,
+    /// One transaction of sysbench `oltp_read_write`'s shape: BEGIN, 10 point selects, 4
+    /// range selects (100 rows each), 2 updates, a delete, an insert, COMMIT. Through
+    /// Osprey each is `Client::transaction()` (a session opened and a worker pinned for
+    /// it, reset after it); direct and HAProxy take a pooled connection for it. A request
+    /// here is a whole transaction.
+    Transaction,
 }
 
 impl Workload {
@@ -41,11 +53,12 @@ impl Workload {
             Workload::RangeSelect => "range-select",
             Workload::Insert => "insert",
             Workload::Mix => "mix",
+            Workload::Transaction => "transaction",
         }
     }
 
     pub fn writes(self) -> bool {
-        matches!(self, Workload::Insert | Workload::Mix)
+        matches!(self, Workload::Insert | Workload::Mix | Workload::Transaction)
     }
 }
 
@@ -132,6 +145,27 @@ enum Op {
     Point(i64),
     Range(i64),
     Insert(i64),
+    /// 10 point ids, 4 range starts, the 2 updated ids, the deleted-and-reinserted id.
+    Txn(Box<TxnIds>),
+}
+
+struct TxnIds {
+    points: [i64; 10],
+    ranges: [i64; 4],
+    updates: [i64; 2],
+    moved: i64,
+}
+
+impl TxnIds {
+    fn new(rng: &mut Rng, rows: u32) -> TxnIds {
+        let mut id = || rng.below(rows as u64) as i64 + 1;
+        TxnIds {
+            points: std::array::from_fn(|_| id()),
+            ranges: std::array::from_fn(|_| id().min(rows as i64 - 99)),
+            updates: [id(), id()],
+            moved: id(),
+        }
+    }
 }
 
 /// What one or more client tasks measured in the timed window.
@@ -167,7 +201,26 @@ impl TaskOut {
 }
 
 async fn exec_mysql(conn: &mut Conn, op: &Op, c: &str, pad: &str) -> Result<u64, mysql_async::Error> {
+    if let Op::Txn(ids) = op {
+        {
+            conn.query_drop("BEGIN").await?;
+            let mut rows = 0;
+            for id in ids.points {
+                rows += conn.exec::<mysql_async::Row, _, _>(POINT_SQL, (id,)).await?.len();
+            }
+            for id in ids.ranges {
+                rows += conn.exec::<mysql_async::Row, _, _>(RANGE_SQL, (id, id)).await?.len();
+            }
+            conn.exec_drop(INDEX_UPDATE_SQL, (ids.updates[0],)).await?;
+            conn.exec_drop(NON_INDEX_UPDATE_SQL, (c, ids.updates[1])).await?;
+            conn.exec_drop(DELETE_SQL, (ids.moved,)).await?;
+            conn.exec_drop(REINSERT_SQL, (ids.moved, ids.moved, c, pad)).await?;
+            conn.query_drop("COMMIT").await?;
+            return Ok(u64::from(rows == 10 + 400));
+        }
+    }
     match *op {
+        Op::Txn(_) => unreachable!("above"),
         Op::Point(id) => Ok(conn.exec::<mysql_async::Row, _, _>(POINT_SQL, (id,)).await?.len() as u64),
         Op::Range(id) => Ok(conn.exec::<mysql_async::Row, _, _>(RANGE_SQL, (id, id)).await?.len() as u64),
         Op::Insert(k) => {
@@ -178,7 +231,41 @@ async fn exec_mysql(conn: &mut Conn, op: &Op, c: &str, pad: &str) -> Result<u64,
 }
 
 async fn exec_osprey(client: &Client, op: &Op, c: &str, pad: &str) -> Result<u64, osprey_client::Error> {
+    if let Op::Txn(ids) = op {
+        let tx = client.transaction().await?;
+        let mut rows = 0;
+        for id in ids.points {
+            rows += tx.query(POINT_SQL, &[Value::Int(id)]).await?.rows().len();
+        }
+        for id in ids.ranges {
+            rows += tx
+                .query(RANGE_SQL, &[Value::Int(id), Value::Int(id)])
+                .await?
+                .rows()
+                .len();
+        }
+        tx.execute(INDEX_UPDATE_SQL, &[Value::Int(ids.updates[0])]).await?;
+        tx.execute(
+            NON_INDEX_UPDATE_SQL,
+            &[Value::Text(c.to_owned()), Value::Int(ids.updates[1])],
+        )
+        .await?;
+        tx.execute(DELETE_SQL, &[Value::Int(ids.moved)]).await?;
+        tx.execute(
+            REINSERT_SQL,
+            &[
+                Value::Int(ids.moved),
+                Value::Int(ids.moved),
+                Value::Text(c.to_owned()),
+                Value::Text(pad.to_owned()),
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        return Ok(u64::from(rows == 10 + 400));
+    }
     match *op {
+        Op::Txn(_) => unreachable!("above"),
         Op::Point(id) => Ok(client.query(POINT_SQL, &[Value::Int(id)]).await?.rows().len() as u64),
         Op::Range(id) => Ok(client
             .query(RANGE_SQL, &[Value::Int(id), Value::Int(id)])
@@ -226,6 +313,7 @@ pub async fn client_task(mut h: Handle, wl: Workload, rows: u32, seed: u64, phas
             Workload::Insert => Op::Insert(rng.below(rows as u64) as i64 + 1),
             Workload::Mix if cycle == 0 => Op::Insert(rng.below(rows as u64) as i64 + 1),
             Workload::Mix => Op::Point(rng.below(rows as u64) as i64 + 1),
+            Workload::Transaction => Op::Txn(Box::new(TxnIds::new(&mut rng, rows))),
         };
         let expected = match op {
             Op::Range(_) => 100,

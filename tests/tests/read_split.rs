@@ -466,3 +466,59 @@ delay_database = "osprey_hb"
     assert!(delay.to_string().contains("replica-1"), "{delay}");
     Ok(())
 }
+
+/// A read-only session (issue 22) pins a replica's read worker: `START TRANSACTION READ
+/// ONLY` and several reads run on that one replica, in one snapshot; a session that is
+/// not read only pins the primary. A replica that leaves the read pool while a
+/// read-only session is open on it ends that session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_session_pins_a_replica_and_others_the_primary() -> anyhow::Result<()> {
+    let rig = Rig::start(2).await?;
+    let d = start(&rig, &split()).await?;
+    let ids = server_ids(&rig).await?;
+    let client = d.client().await?;
+    let tx = client
+        .transaction_with(osprey_client::TransactionOptions {
+            read_only: true,
+            consistent_snapshot: true,
+            ..Default::default()
+        })
+        .await?;
+    let member = tx.session().member().to_owned();
+    assert!(member.starts_with("replica"), "{member}");
+    assert!(tx.session().on_replica());
+    for _ in 0..5 {
+        let (id,): (u32,) = tx.query_first("SELECT @@server_id", &[]).await?.expect("a row");
+        assert_eq!(ids[&id], member, "every read of the session on its replica");
+    }
+    let e = tx
+        .execute("CREATE TABLE ro_session_write (a INT)", &[])
+        .await
+        .expect_err("a replica is read only");
+    println!("a write in a read-only session: {e}");
+    tx.commit().await?;
+    let rw = client.transaction().await?;
+    assert_eq!(rw.session().member(), "primary");
+    let (id,): (u32,) = rw.query_first("SELECT @@server_id", &[]).await?.expect("a row");
+    assert_eq!(ids[&id], "primary");
+    rw.rollback().await?;
+
+    // Its replica stops serving reads (maintenance): the session there ends.
+    let ro = client
+        .session_with(osprey_client::SessionOptions {
+            read_only: true,
+            ..Default::default()
+        })
+        .await?;
+    let on = ro.member().to_owned();
+    let (code, body) = d
+        .admin_post("/cluster/maintenance", serde_json::json!({ "member": on, "on": true }))
+        .await?;
+    assert_eq!(code, 200, "{body}");
+    let ended = wait_for(Duration::from_secs(10), "the read-only session's end", || async {
+        ro.aborted()
+    })
+    .await?;
+    assert_eq!(ended.code(), osprey_client::ErrorCode::SessionAborted, "{ended}");
+    Ok(())
+}
