@@ -95,6 +95,9 @@ pub struct Executor {
     pipelining: bool,
     /// Prepared statements' `COLUMNS` payloads, encoded once ([`columns_memo`]).
     memo: std::rc::Rc<columns_memo::ColumnsMemo>,
+    /// In a session: a statement may have left state beyond a transaction (variables,
+    /// temporary tables, locks, ...): its end needs the full reset.
+    session_dirty: bool,
 }
 
 impl Executor {
@@ -123,6 +126,7 @@ impl Executor {
             pipeline_limit: None,
             pipelining: true,
             memo: Default::default(),
+            session_dirty: false,
         }
     }
 
@@ -196,6 +200,14 @@ impl Executor {
         if controls_session && !in_session {
             return Err(refuse(ErrorCode::InvalidRequest, NEEDS_SESSION.into()));
         }
+        // In a session: what the session's end must undo. A transaction alone (START
+        // TRANSACTION, COMMIT, ROLLBACK, savepoints) a ROLLBACK undoes; anything else the
+        // statement-level text scan would reset after (and table locks, XA) needs the full
+        // reset, as `session_reset = always` does.
+        let dirties_session = in_session
+            && (self.reset == SessionReset::Always
+                || texts.iter().any(|f| f.touches_state)
+                || (controls_session && !only_transaction_control(&request.sql)));
         // Timeout: on MariaDB a single plain SELECT is bounded by the server itself;
         // anything else by a timer that sends KILL QUERY.
         let server_timeout =
@@ -247,6 +259,7 @@ impl Executor {
             leaves_state,
             out_of_sight,
             in_session,
+            dirties_session,
         })
     }
 
@@ -280,7 +293,10 @@ impl Executor {
             leaves_state,
             out_of_sight,
             in_session,
+            dirties_session,
         } = checked;
+        // Before it runs: even a failed statement may have left something.
+        self.session_dirty |= dirties_session;
         let mut out = Emitter::new(link, &self.memo, stream, self.limits);
         if let Err(reason) = self.tracker.start(stream) {
             self.tracker.finish(stream).await;
@@ -379,6 +395,21 @@ impl Executor {
     }
 }
 
+/// Whether every statement of `sql` is plain transaction control (`START TRANSACTION`,
+/// `COMMIT`, `ROLLBACK`, savepoints), which a ROLLBACK at the session's end undoes.
+fn only_transaction_control(sql: &str) -> bool {
+    osprey_sql::code_text(sql)
+        .split(';')
+        .filter(|st| !st.trim().is_empty())
+        .all(|st| {
+            let first = st.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+            matches!(
+                first.as_str(),
+                "start" | "commit" | "rollback" | "savepoint" | "release"
+            )
+        })
+}
+
 /// Why transaction control outside a session is refused, and what to do instead.
 pub(crate) const NEEDS_SESSION: &str = "each request outside a session runs on whichever worker is free, so \
      transaction control (BEGIN, COMMIT, ROLLBACK, SET autocommit, XA) and table locks cannot be sent as \
@@ -448,6 +479,8 @@ pub(crate) struct Checked {
     pub(crate) request: Request,
     /// It runs in a session (`REQUEST.session`): no reset after it.
     pub(crate) in_session: bool,
+    /// In a session, it may leave state that only the full reset undoes.
+    pub(crate) dirties_session: bool,
     /// The single statement's text as sent (with the server-side timeout, if any).
     pub(crate) sql: std::sync::Arc<str>,
     pub(crate) server_timeout: Option<u64>,
@@ -483,14 +516,25 @@ impl Executor {
     /// the worker exits.
     pub async fn end_session(&mut self, stream: u32, link: &LinkOut) -> Result<Outcome, LinkGone> {
         let mut out = Emitter::new(link, &self.memo, stream, self.limits);
+        let full = std::mem::take(&mut self.session_dirty);
         let result = if self.dead {
             Err("the database session was lost".to_string())
-        } else {
+        } else if full {
             reset_connection(&mut self.conn, self.mariadb, self.track_gtid).await
+        } else {
+            // Only a transaction to end: a ROLLBACK (and autocommit back on), which keeps
+            // the session's prepared statements; the full reset drops them, and the next
+            // session would prepare each again.
+            reset_session(&mut self.conn, true)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
         };
         match result {
             Ok(()) => {
-                self.session_gtid = None;
+                if full {
+                    self.session_gtid = None;
+                }
                 out.end(&End::default()).await?;
                 Ok(Outcome::Served)
             }

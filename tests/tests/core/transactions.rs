@@ -576,3 +576,53 @@ async fn ops_see_the_sessions_and_can_end_one() {
     c.dispatcher.wait_idle(2, Duration::from_secs(10)).await.unwrap();
     assert_closed_loop(&c, &[&client]).await;
 }
+
+/// A session that only ran a transaction ends with a ROLLBACK, not the full reset (its
+/// worker keeps its prepared statements): the next session on the worker finds no
+/// transaction open, the uncommitted write undone, no row lock held, autocommit on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_only_ran_a_transaction_ends_rolled_back() {
+    let c = cluster("[pool]\nsize = 1\n[sessions]\nmax_per_group = 1\n").await;
+    let client = client(&c).await;
+    setup(&client, "clean").await;
+    let tx = client.transaction().await.unwrap();
+    tx.execute("SAVEPOINT s1", &[]).await.unwrap();
+    tx.execute("UPDATE clean SET v = 0 WHERE id = 1", &[]).await.unwrap();
+    tx.query("SELECT v FROM clean WHERE id = 2 FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let (conn_id,): (i64,) = tx.query_first("SELECT CONNECTION_ID()", &[]).await.unwrap().unwrap();
+    drop(tx);
+    let next = wait_for(Duration::from_secs(10), "a new session on the freed worker", || async {
+        client.session().await.ok()
+    })
+    .await
+    .unwrap();
+    let r = next
+        .query(
+            "SELECT CONNECTION_ID(), @@in_transaction, @@autocommit, (SELECT v FROM clean WHERE id = 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let row = &r.rows()[0];
+    assert_eq!(
+        row.get::<i64>(0).unwrap(),
+        conn_id,
+        "the same worker and database session"
+    );
+    assert_eq!(row.get::<i64>(1).unwrap(), 0, "no transaction left open");
+    assert_eq!(row.get::<i64>(2).unwrap(), 1, "autocommit on");
+    assert_eq!(row.get::<i64>(3).unwrap(), 100, "the write was rolled back");
+    // From another database session (its own locks would not conflict with themselves).
+    use mysql_async::prelude::Queryable;
+    let mut other = c.sandbox.primary().conn().await.unwrap();
+    other.query_drop("START TRANSACTION").await.unwrap();
+    let locked = other
+        .query_drop("SELECT v FROM clean WHERE id = 2 FOR UPDATE NOWAIT")
+        .await;
+    assert!(locked.is_ok(), "the row lock went: {locked:?}");
+    other.query_drop("ROLLBACK").await.unwrap();
+    next.close().await.unwrap();
+    assert_closed_loop(&c, &[&client]).await;
+}
