@@ -371,10 +371,11 @@ impl ConnHandle {
         // After GOAWAY the permits are closed (new requests move to the next connection);
         // a session's statement still goes here, unbounded by them: a session runs one at
         // a time.
-        let permit = match self.shared.sem.clone().acquire_owned().await {
-            Ok(p) => Some(p),
-            Err(_) if in_session => None,
-            Err(_) => return Err(Unavailable),
+        let permit = if in_session {
+            // Never behind the opens that wait for these very sessions to end.
+            self.shared.sem.clone().try_acquire_owned().ok()
+        } else {
+            Some(self.shared.sem.clone().acquire_owned().await.map_err(|_| Unavailable)?)
         };
         // With flow control the dispatcher sends at most `window` data frames ahead of
         // the reader, plus ERROR and END: the channel never fills, and the connection

@@ -97,6 +97,8 @@ pub struct Session {
     stream: Mutex<Option<StreamGuard>>,
     /// How the session ended, once known.
     ended: Mutex<Option<Error>>,
+    /// An `ERROR` read on the session's stream whose `END` has not come yet.
+    pending: Mutex<Option<Error>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -197,6 +199,7 @@ impl Session {
             cluster,
             stream: Mutex::new(Some(stream)),
             ended: Mutex::new(None),
+            pending: Mutex::new(None),
         })
     }
 
@@ -225,13 +228,14 @@ impl Session {
     fn poll_end(&self) {
         let mut guard = self.stream.lock().unwrap();
         let Some(stream) = guard.as_mut() else { return };
-        let mut error = None;
+        let mut pending = self.pending.lock().unwrap();
         while let Some(Some(frame)) = stream.recv().now_or_never() {
             match frame.kind {
-                Kind::Error => error = frame.body::<ErrorBody>().ok().map(Error::from_body),
+                // Kept until its END comes, which may be in a later poll.
+                Kind::Error => *pending = frame.body::<ErrorBody>().ok().map(Error::from_body),
                 Kind::End => {
                     stream.finished = true;
-                    let e = error
+                    let e = pending
                         .take()
                         .unwrap_or_else(|| Error::client(ErrorCode::SessionAborted, false, "the session ended"));
                     *self.ended.lock().unwrap() = Some(e);
@@ -309,7 +313,7 @@ impl Session {
             };
         };
         stream.cancel_and_keep();
-        let mut error = None;
+        let mut error = self.pending.lock().unwrap().take();
         let wait = self.inner.cfg.request_timeout.unwrap_or(Duration::from_secs(60));
         let ended = tokio::time::timeout(wait, async {
             while let Some(frame) = stream.recv().await {

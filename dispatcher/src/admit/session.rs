@@ -204,10 +204,11 @@ pub async fn statement(
         opens: None,
         in_session: true,
     };
-    if ctx.policy.throttle.any_limit() {
+    // In order: behind the session's statements that wait for a token, even with one at
+    // hand or no limit any more (this connection's frames are admitted one by one, so
+    // nothing races here).
+    if session.throttled_waiting() || ctx.policy.throttle.any_limit() {
         let key = Ctx::throttle_key(&session.cluster, &pinned.member);
-        // In order: behind the session's statements that wait for a token, even with one
-        // at hand (this connection's frames are admitted one by one, so nothing races here).
         if session.throttled_waiting() || !ctx.policy.throttle.try_acquire(&key) {
             if session.wait_for_token(job) {
                 tokio::spawn(give_tokens(ctx.clone(), session, key).in_current_span());
@@ -223,21 +224,40 @@ pub async fn statement(
 /// after the other, and sends each on at once: the session runs them in the order sent.
 /// A statement leaves the line only once handled, so that a later one waits behind it.
 async fn give_tokens(ctx: Arc<Ctx>, session: Arc<Session>, key: String) {
+    // Once one is refused, those sent behind it are too: a session must not run the
+    // statements after one that did not run (a COMMIT without the write before it).
+    let mut refused: Option<Refusal> = None;
     while let Some(cancel) = session.first_waiting() {
-        let got = tokio::select! {
-            r = ctx.policy.acquire(&key) => Some(r),
-            _ = cancel.cancelled() => None,
+        let got = match &refused {
+            Some(_) => Some(Ok(())),
+            None => tokio::select! {
+                r = ctx.policy.acquire(&key) => Some(r),
+                _ = cancel.cancelled() => None,
+            },
         };
         let Some(job) = session.take_waiting() else { return };
-        match got {
-            Some(Ok(())) => send(&ctx, &session, job).await,
-            Some(Err(throttled)) => {
+        match (got, &refused) {
+            (Some(Ok(())), Some(first)) => {
+                let refusal = Refusal::new(
+                    first.outcome,
+                    first.code,
+                    format!(
+                        "a statement sent before this one in session {} was refused: {}",
+                        session.stream, first.message
+                    ),
+                );
+                ctx.metrics.outcome(refusal.outcome);
+                job.guard.fail(refusal.body()).await;
+            }
+            (Some(Ok(())), None) => send(&ctx, &session, job).await,
+            (Some(Err(throttled)), _) => {
                 debug!(member = %key, "throttled: {throttled}");
                 let refusal = Refusal::from(throttled);
                 ctx.metrics.outcome(refusal.outcome);
                 job.guard.fail(refusal.body()).await;
+                refused = Some(refusal);
             }
-            None => {
+            (None, _) => {
                 job.fail(
                     &ctx.metrics,
                     "cancelled",
@@ -287,5 +307,10 @@ async fn send(ctx: &Ctx, session: &Session, job: Job) {
         ),
     };
     ctx.metrics.outcome(refusal.outcome);
-    job.guard.fail(refusal.body()).await;
+    let mut body = refusal.body();
+    if body.code == ErrorCode::SessionAborted {
+        // What became of the session's transaction, as its own stream was told.
+        body.transaction = session.ended_outcome();
+    }
+    job.guard.fail(body).await;
 }

@@ -94,6 +94,9 @@ pub struct Session {
     /// behind them even when a token is at hand, so that the session runs what its client
     /// sent in the order sent. Bounded by the connection's streams and request bytes.
     throttled: Mutex<Lane>,
+    /// How the session ended, once it has: what became of its transaction, for the
+    /// statements refused after (`None`: none was open).
+    ended: Mutex<Option<Option<osprey_protocol::TransactionOutcome>>>,
 }
 
 /// [`Session`]'s statements waiting for a throttle token.
@@ -129,6 +132,7 @@ impl Session {
             transaction_since: Mutex::new(None),
             killed: CancellationToken::new(),
             throttled: Mutex::new(Lane::default()),
+            ended: Mutex::new(None),
         })
     }
 
@@ -206,6 +210,17 @@ impl Session {
         let mut lane = self.lane();
         lane.handing = false;
         !lane.waiting.is_empty()
+    }
+
+    /// The session ended; `outcome`: what became of its transaction.
+    pub fn set_ended(&self, outcome: Option<osprey_protocol::TransactionOutcome>) {
+        *self.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+    }
+
+    /// What became of the transaction of a session that ended (`None`: not ended, or no
+    /// transaction was open).
+    pub fn ended_outcome(&self) -> Option<osprey_protocol::TransactionOutcome> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner()).flatten()
     }
 
     /// Hands a statement to the pinned worker's link.

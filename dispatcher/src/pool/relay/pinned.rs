@@ -197,8 +197,12 @@ impl Relay {
             reset_failed: false,
             end_after_transaction: false,
         });
-        // Holds before this session are not its business.
+        // Holds before this session are not its business; one in force now is (it may
+        // have come while SESSION went out).
         self.holds.borrow_and_update();
+        if !self.pool.is_dispatching() {
+            self.session_held(false);
+        }
         Ok(true)
     }
 
@@ -303,13 +307,15 @@ impl Relay {
 
     /// A session statement's END: whether a transaction is open now.
     pub(super) fn session_statement_ended(&mut self, end: Option<&osprey_protocol::End>, fatal: bool) {
+        // A hold that is over (a short "primary down") ends nothing.
+        let held = !self.pool.is_dispatching();
         if let Some(p) = self.pinned.as_mut() {
             p.last_active = TokioInstant::now();
             if !fatal {
                 p.may_commit = false;
                 p.in_txn = end.is_some_and(|e| e.in_transaction);
                 p.session.set_in_transaction(p.in_txn);
-                if p.end_after_transaction && !p.in_txn && p.serving() {
+                if p.end_after_transaction && !p.in_txn && p.serving() && held {
                     p.ending = Some(Ending::Aborted("held", held_text(None)));
                 }
             }
@@ -455,6 +461,8 @@ impl Relay {
             }
         };
         metrics.sessions.ended(reason);
+        let outcome = answer.as_ref().and_then(|b| b.transaction);
+        p.session.set_ended(outcome);
         debug!(
             conn = p.session.conn,
             session = p.session.stream,
@@ -470,9 +478,13 @@ impl Relay {
         }
         for job in waiting {
             let body = aborted(
-                format!("session {} ended before this statement ran", p.session.stream),
+                format!(
+                    "session {} ended before this statement ran; {}",
+                    p.session.stream,
+                    outcome_text(outcome)
+                ),
                 false,
-                None,
+                outcome,
             );
             fail_later_body(job, body);
         }

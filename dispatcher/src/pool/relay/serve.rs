@@ -127,7 +127,7 @@ impl Relay {
                     self.kill_session(current).await?;
                 }
                 _ = self.holds.changed(), if serving => {
-                    self.session_held(current.is_some());
+                    self.session_held(current.is_some() || drain.is_some());
                 }
                 _ = sleep_until(session_due), if session_due != far => {
                     if self.pinned.as_ref().is_some_and(|p| p.reset.is_some()) {
