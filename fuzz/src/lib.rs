@@ -157,6 +157,15 @@ fn nested<T: Serialize + DeserializeOwned>(payload: &[u8]) {
 /// parameter is a value some column can hold is section 6's `Value::check_param`, taken
 /// as it is.)
 pub fn spec_shape_ok(r: &Request) -> bool {
+    let gtid_ok = r.causal_gtid.as_deref().is_none_or(spec_gtid_ok);
+    // 1.5 (section 9a): a session is opened on its own stream, with nothing to run; a
+    // statement in one names a non-zero stream id and is no batch.
+    if r.open_session {
+        return gtid_ok && r.sql.is_empty() && r.batch.is_empty() && r.params.is_empty() && r.session.is_none();
+    }
+    if r.session == Some(0) || (r.session.is_some() && !r.batch.is_empty()) {
+        return false;
+    }
     let has_sql = !r.sql.is_empty();
     let has_batch = !r.batch.is_empty();
     let blank = |s: &str| s.trim().is_empty();
