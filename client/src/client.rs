@@ -334,12 +334,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn query_as<T: FromRow>(&self, sql: impl Into<String>, params: &[Value]) -> Result<Vec<T>, Error> {
-        self.query(sql, params)
-            .await?
-            .into_rows()
-            .into_iter()
-            .map(T::from_row)
-            .collect()
+        self.query(sql, params).await?.rows_as()
     }
 
     /// The first row of the first result set, converted; `None` when there is none.
@@ -350,13 +345,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn query_first<T: FromRow>(&self, sql: impl Into<String>, params: &[Value]) -> Result<Option<T>, Error> {
-        self.query(sql, params)
-            .await?
-            .into_rows()
-            .into_iter()
-            .next()
-            .map(T::from_row)
-            .transpose()
+        self.query(sql, params).await?.first_as()
     }
 
     /// Rows of the first result set as JSON objects keyed by column name

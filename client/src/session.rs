@@ -278,23 +278,12 @@ impl Session {
 
     /// Runs one statement and converts the rows of its first result set.
     pub async fn query_as<T: FromRow>(&self, sql: impl Into<String>, params: &[Value]) -> Result<Vec<T>, Error> {
-        self.query(sql, params)
-            .await?
-            .into_rows()
-            .into_iter()
-            .map(T::from_row)
-            .collect()
+        self.query(sql, params).await?.rows_as()
     }
 
     /// The first row of the first result set, converted.
     pub async fn query_first<T: FromRow>(&self, sql: impl Into<String>, params: &[Value]) -> Result<Option<T>, Error> {
-        self.query(sql, params)
-            .await?
-            .into_rows()
-            .into_iter()
-            .next()
-            .map(T::from_row)
-            .transpose()
+        self.query(sql, params).await?.first_as()
     }
 
     /// Runs a statement and returns its summary.

@@ -19,7 +19,7 @@ use crate::client::Inner;
 use crate::connection::{ConnHandle, StreamGuard};
 use crate::error::Error;
 use crate::retry;
-use crate::rows::{ResultSetMeta, Row};
+use crate::rows::{FromRow, ResultSetMeta, Row};
 
 /// Summary of a finished request (the `END` frame).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -94,6 +94,16 @@ impl QueryResult {
     /// Rows of the first result set, by value.
     pub fn into_rows(self) -> Vec<Row> {
         self.sets.into_iter().next().map(|s| s.rows).unwrap_or_default()
+    }
+
+    /// The rows of the first result set, each converted.
+    pub(crate) fn rows_as<T: FromRow>(self) -> Result<Vec<T>, Error> {
+        self.into_rows().into_iter().map(T::from_row).collect()
+    }
+
+    /// The first row of the first result set, converted; `None` when there is none.
+    pub(crate) fn first_as<T: FromRow>(self) -> Result<Option<T>, Error> {
+        self.into_rows().into_iter().next().map(T::from_row).transpose()
     }
 
     pub fn affected_rows(&self) -> u64 {

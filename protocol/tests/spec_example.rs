@@ -121,11 +121,12 @@ fn block(frame: &Frame) -> String {
     s
 }
 
-#[test]
-fn worked_example_matches_protocol_md() {
+/// Asserts that docs/PROTOCOL.md holds the exact hex of every frame (and prints the
+/// blocks, to paste after a body type changed).
+fn assert_in_protocol_md(frames: Vec<(&'static str, Frame)>) {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/PROTOCOL.md")).unwrap();
     let mut missing = Vec::new();
-    for (name, frame) in example() {
+    for (name, frame) in frames {
         let b = block(&frame);
         println!("{name} ({} bytes)\n```text\n{b}```\n", frame.to_bytes().len());
         if !doc.contains(&b) {
@@ -136,6 +137,11 @@ fn worked_example_matches_protocol_md() {
         missing.is_empty(),
         "docs/PROTOCOL.md does not contain the exact hex of {missing:?}"
     );
+}
+
+#[test]
+fn worked_example_matches_protocol_md() {
+    assert_in_protocol_md(example());
 }
 
 #[test]
@@ -225,19 +231,7 @@ fn session_example() -> Vec<(&'static str, Frame)> {
 
 #[test]
 fn session_example_matches_protocol_md() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/PROTOCOL.md")).unwrap();
-    let mut missing = Vec::new();
-    for (name, frame) in session_example() {
-        let b = block(&frame);
-        println!("{name} ({} bytes)\n```text\n{b}```\n", frame.to_bytes().len());
-        if !doc.contains(&b) {
-            missing.push(name);
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "docs/PROTOCOL.md does not contain the exact hex of {missing:?}"
-    );
+    assert_in_protocol_md(session_example());
     let frames = session_example();
     let open: Request = frames[0].1.body().unwrap();
     assert!(open.open_session && open.validate().is_ok());

@@ -21,7 +21,7 @@ pub mod submit;
 pub mod throttle;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use osprey_protocol::{ErrorBody, Frame};
 use tracing::debug;
@@ -36,66 +36,57 @@ use crate::request::streams::ClientShared;
 /// order, then the job is on its way to a worker (or refused, its stream answered). `Err`:
 /// the peer is broken (an undecodable body, a duplicate stream id): the connection closes
 /// with that error.
-pub async fn admit(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), ErrorBody> {
+pub async fn admit(
+    ctx: &Arc<Ctx>,
+    shared: &Arc<ClientShared>,
+    sessions: &session::Sessions,
+    frame: Frame,
+    draining: bool,
+) -> Result<(), ErrorBody> {
     let stream = frame.stream;
     // Before anything is answered on this id: an answer to a duplicate would land on the
     // stream that is still open.
     if shared.is_open(stream) {
         return Err(reserve::duplicate(stream));
     }
-    let before_open = |refusal: Refusal| async move {
-        ctx.metrics.outcome(refusal.outcome);
-        shared.reject(stream, refusal.body()).await;
-        Ok(())
-    };
     let request = match decode::decode(&frame)? {
         Ok(r) => r,
-        Err(refusal) => return before_open(refusal).await,
+        Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
     };
     if let Some(id) = request.session {
-        return session::statement(ctx, shared, frame, request, id).await;
+        return session::statement(ctx, shared, sessions, frame, request, id).await;
     }
     if request.open_session {
-        return session::open(ctx, shared, frame, request, draining).await;
+        return session::open(ctx, shared, sessions, frame, request, draining).await;
     }
     let write = match decode::cluster_group(ctx, &request) {
         Ok(g) => g,
-        Err(refusal) => return before_open(refusal).await,
+        Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
     };
     let digest = match intercept::check(ctx, &request) {
         Ok(d) => d,
         Err(refusal) => {
             debug!(stream, "statement blocked: {}", refusal.message);
-            return before_open(refusal).await;
+            return refuse(ctx, shared, stream, refusal).await;
         }
     };
     let cluster = ctx.cluster(request.cluster.as_deref());
     let group = match route::route(write, cluster.map(|c| &**c), &request) {
         Ok(g) => g,
-        Err(refusal) => return before_open(refusal).await,
+        Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
     };
-    let (mut guard, cancel) = match reserve::open(ctx, shared, stream)? {
-        Ok(opened) => opened,
-        Err(refusal) => return before_open(refusal).await,
-    };
-    if let Err(refusal) = reserve::budget(ctx, shared, &mut guard, frame.payload.len(), draining) {
-        ctx.metrics.outcome(refusal.outcome);
-        guard.fail(refusal.body()).await;
+    let Some((guard, cancel)) = reserve::stream(ctx, shared, stream, frame.payload.len(), draining).await? else {
         return Ok(());
-    }
-    let received = Instant::now();
-    let job = Job {
-        guard,
-        cancel,
-        frame,
-        timeout: (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms)),
-        received,
-        queue_deadline: received + ctx.queue_timeout(),
-        attempts: 0,
-        digest,
-        opens: None,
-        in_session: false,
     };
+    let timeout = (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms));
+    let job = Job::new(guard, cancel, frame, timeout, ctx.queue_timeout(), digest);
     throttle::then_submit(ctx, &group, job).await;
+    Ok(())
+}
+
+/// Answers a REQUEST refused before its stream opened (ERROR + END on its id).
+pub(crate) async fn refuse(ctx: &Ctx, shared: &ClientShared, stream: u32, refusal: Refusal) -> Result<(), ErrorBody> {
+    ctx.metrics.outcome(refusal.outcome);
+    shared.reject(stream, refusal.body()).await;
     Ok(())
 }

@@ -70,3 +70,27 @@ pub fn budget(
     }
     Ok(())
 }
+
+/// [`open`] and [`budget`] together: the stream open and its bytes taken, or (`None`) the
+/// REQUEST refused and answered. `Err`: a broken peer, as [`open`] says.
+pub async fn stream(
+    ctx: &Ctx,
+    shared: &Arc<ClientShared>,
+    stream: u32,
+    len: usize,
+    draining: bool,
+) -> Result<Option<(StreamGuard, CancellationToken)>, ErrorBody> {
+    let (mut guard, cancel) = match open(ctx, shared, stream)? {
+        Ok(opened) => opened,
+        Err(refusal) => {
+            crate::admit::refuse(ctx, shared, stream, refusal).await?;
+            return Ok(None);
+        }
+    };
+    if let Err(refusal) = budget(ctx, shared, &mut guard, len, draining) {
+        ctx.metrics.outcome(refusal.outcome);
+        guard.fail(refusal.body()).await;
+        return Ok(None);
+    }
+    Ok(Some((guard, cancel)))
+}

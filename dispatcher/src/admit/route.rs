@@ -7,7 +7,7 @@ use osprey_protocol::{ErrorCode, Request};
 use osprey_sql::classify::{classify, Hint, Route};
 
 use crate::admit::Refusal;
-use crate::cluster::reads::ReadChoice;
+use crate::cluster::reads::{ReadChoice, Reads};
 use crate::cluster::ClusterRuntime;
 use crate::pool::SlotGroup;
 
@@ -45,11 +45,7 @@ pub fn route(
     if !read {
         return Ok(write.clone());
     }
-    match reads.pick(request.causal_gtid.as_deref()) {
-        ReadChoice::Replica(pool) => Ok(pool),
-        ReadChoice::Primary(_) => Ok(write.clone()),
-        ReadChoice::Refuse(why) => Err(Refusal::new("unavailable", ErrorCode::BackendUnavailable, why)),
-    }
+    replica(write, reads, request)
 }
 
 /// The group whose worker a session opened by `request` pins: a read-only session
@@ -68,6 +64,12 @@ pub fn session(
         return Ok(write.clone());
     }
     reads.decided(true, "read_only_session");
+    replica(write, reads, request)
+}
+
+/// A replica's read group for a read that may go to one (fresh enough for its
+/// `causal_gtid`), else the write group; refused: none, under `read_fallback = "error"`.
+fn replica(write: &Arc<SlotGroup>, reads: &Reads, request: &Request) -> Result<Arc<SlotGroup>, Refusal> {
     match reads.pick(request.causal_gtid.as_deref()) {
         ReadChoice::Replica(pool) => Ok(pool),
         ReadChoice::Primary(_) => Ok(write.clone()),

@@ -1,140 +1,228 @@
 //! Sessions' way through admission (protocol 1.5). Opening one: decode → route (a
-//! read-only session may pin a replica's worker) → reserve (its stream, the connection's
-//! `sessions.max_per_connection`) → the group's `sessions.max_per_group` (a bounded wait)
+//! read-only session may pin a replica's worker) → reserve (its stream) → the connection's
+//! `sessions.max_per_connection` and the group's `sessions.max_per_group` (bounded waits)
 //! → submit, as a job that the worker link taking it turns into a pinned worker. A
 //! statement in one: intercept → reserve → throttle (one token per statement, the pinned
-//! member's) → the session's own queue, which only its pinned worker reads.
+//! member's, in the order sent) → the session's own queue, which only its pinned worker
+//! reads.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use foldhash::HashMap;
 use osprey_protocol::{ErrorBody, ErrorCode, Frame, Request};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, Instrument};
 
-use crate::admit::{decode, intercept, reserve, route, submit, Refusal};
+use crate::admit::{decode, intercept, refuse, reserve, route, submit, Refusal};
 use crate::ctx::Ctx;
 use crate::request::job::{Job, Opening};
-use crate::request::session::{GateError, SendError, Session};
+use crate::request::session::{GateError, GatePermit, Session, SessionGate};
 use crate::request::streams::ClientShared;
+
+/// Statements one session may have waiting for its worker (a session runs one at a time;
+/// a client that sends more before the first ended waits behind it). Past it: QUEUE_FULL.
+pub const SESSION_QUEUE: usize = 16;
+
+/// The sessions of one client connection, by the id of the stream that opened each, and
+/// its `sessions.max_per_connection` gate. Owned by the connection's front end.
+#[derive(Default)]
+pub struct Sessions {
+    lines: Mutex<HashMap<u32, Arc<Line>>>,
+    gate: Arc<SessionGate>,
+}
+
+impl Sessions {
+    fn lines(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Line>>> {
+        self.lines.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a session; those that ended leave the table here (so it holds at most the
+    /// connection's open streams' worth).
+    fn add(&self, line: Arc<Line>) {
+        let mut lines = self.lines();
+        lines.retain(|_, l| !l.ended());
+        lines.insert(line.session.stream, line);
+    }
+
+    /// The session opened on stream `id`, unless it ended.
+    fn get(&self, id: u32) -> Option<Arc<Line>> {
+        self.lines().get(&id).filter(|l| !l.ended()).cloned()
+    }
+}
+
+/// A session's statements on their way to its pinned worker: the sending end of its
+/// queue (the worker link holds the other; once that is gone, the session has ended),
+/// and the statements waiting for a throttle token, in arrival order.
+struct Line {
+    session: Arc<Session>,
+    jobs: mpsc::Sender<Job>,
+    throttled: Mutex<Lane>,
+}
+
+/// A [`Line`]'s statements waiting for a throttle token: a later statement waits behind
+/// them even when a token is at hand, so that the session runs what its client sent in the
+/// order sent. Bounded by the connection's streams and request bytes.
+#[derive(Default)]
+struct Lane {
+    waiting: VecDeque<Job>,
+    /// The first has been taken and is being handed on: a later one still waits.
+    handing: bool,
+}
+
+/// Why a statement could not be handed to its session.
+enum SendError {
+    /// No worker is pinned yet (the client did not wait for `SESSION`).
+    NotOpen,
+    /// [`SESSION_QUEUE`] statements wait already.
+    Full,
+    /// The session ended (its link is gone).
+    Ended,
+}
+
+impl Line {
+    fn ended(&self) -> bool {
+        self.jobs.is_closed()
+    }
+
+    fn lane(&self) -> std::sync::MutexGuard<'_, Lane> {
+        self.throttled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether statements wait for a throttle token (a new one goes behind them).
+    fn throttled_waiting(&self) -> bool {
+        let lane = self.lane();
+        !lane.waiting.is_empty() || lane.handing
+    }
+
+    /// Puts a statement behind those waiting for a token. True: none waited, so the
+    /// caller starts the one task that gives them their tokens in order.
+    fn wait_for_token(&self, job: Job) -> bool {
+        let mut lane = self.lane();
+        let first = lane.waiting.is_empty() && !lane.handing;
+        lane.waiting.push_back(job);
+        first
+    }
+
+    /// The cancel token of the first statement waiting for a token (`None`: none waits).
+    fn first_waiting(&self) -> Option<CancellationToken> {
+        self.lane().waiting.front().map(|j| j.cancel.clone())
+    }
+
+    /// Takes the first waiting statement to hand it on (its token came, or its wait
+    /// ended); later ones keep waiting until [`Line::handed`].
+    fn take_waiting(&self) -> Option<Job> {
+        let mut lane = self.lane();
+        let job = lane.waiting.pop_front();
+        lane.handing = job.is_some();
+        job
+    }
+
+    /// The statement taken is handed on (sent, or answered); whether more wait.
+    fn handed(&self) -> bool {
+        let mut lane = self.lane();
+        lane.handing = false;
+        !lane.waiting.is_empty()
+    }
+
+    /// Hands a statement to the pinned worker's link; a refusal gives it back.
+    // The job comes back with the refusal (to be answered): as `SlotGroup::submit`.
+    #[allow(clippy::result_large_err)]
+    fn send(&self, job: Job) -> Result<(), (Job, SendError)> {
+        if self.session.pinned().is_none() {
+            return Err((job, SendError::NotOpen));
+        }
+        self.jobs.try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(job) => (job, SendError::Full),
+            mpsc::error::TrySendError::Closed(job) => (job, SendError::Ended),
+        })
+    }
+}
 
 /// Opens the session that `frame` (a REQUEST with `open_session`) asks for. `Err`: the
 /// peer is broken (see [`crate::admit::admit`]).
 pub async fn open(
     ctx: &Arc<Ctx>,
     shared: &Arc<ClientShared>,
+    sessions: &Sessions,
     frame: Frame,
     request: Request,
     draining: bool,
 ) -> Result<(), ErrorBody> {
     let stream = frame.stream;
-    let refuse = |refusal: Refusal| async move {
-        ctx.metrics.outcome(refusal.outcome);
-        shared.reject(stream, refusal.body()).await;
-        Ok(())
-    };
     let write = match decode::cluster_group(ctx, &request) {
         Ok(g) => g,
-        Err(refusal) => return refuse(refusal).await,
+        Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
     };
     let cluster = ctx.cluster(request.cluster.as_deref());
     let group = match route::session(write, cluster.map(|c| &**c), &request) {
         Ok(g) => g,
-        Err(refusal) => return refuse(refusal).await,
+        Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
     };
-    let (mut guard, cancel) = match reserve::open(ctx, shared, stream)? {
-        Ok(opened) => opened,
-        Err(refusal) => return refuse(refusal).await,
-    };
-    if let Err(refusal) = reserve::budget(ctx, shared, &mut guard, frame.payload.len(), draining) {
-        ctx.metrics.outcome(refusal.outcome);
-        guard.fail(refusal.body()).await;
+    let Some((guard, cancel)) = reserve::stream(ctx, shared, stream, frame.payload.len(), draining).await? else {
         return Ok(());
-    }
+    };
     let limits = &ctx.config.sessions;
-    let session = Session::new(shared.id, stream, group.cluster().to_owned());
-    shared.add_session(session.clone());
-    let received = Instant::now();
     let wait = match (request.timeout_ms, limits.open_timeout_ms) {
         (0, 0) => ctx.queue_timeout(),
         (0, ms) => Duration::from_millis(ms),
         (asked, 0) => Duration::from_millis(asked).min(ctx.queue_timeout()),
         (asked, ms) => Duration::from_millis(asked.min(ms)),
     };
-    let job = Job {
-        guard,
-        cancel,
-        frame,
-        timeout: None,
-        received,
-        queue_deadline: received + wait,
-        attempts: 0,
-        digest: None,
-        opens: None,
-        in_session: false,
-    };
-    // The wait for a place runs in its own task: the connection goes on reading.
+    let session = Session::new(shared.id, stream, group.cluster().to_owned());
+    let (jobs, queued) = mpsc::channel(SESSION_QUEUE);
+    sessions.add(Arc::new(Line {
+        session: session.clone(),
+        jobs,
+        throttled: Mutex::default(),
+    }));
+    let job = Job::new(guard, cancel, frame, None, wait, None);
+    // The waits for places run in their own task: the connection goes on reading.
     let ctx = ctx.clone();
-    let conn_gate = shared.session_gate.clone();
+    let conn_gate = sessions.gate.clone();
     tokio::spawn(
         async move {
-            let (cap_cfg, queue) = (ctx.config.sessions.clone(), ctx.config.sessions.queue);
-            let per_conn = cap_cfg.max_per_connection;
+            let limits = ctx.config.sessions.clone();
+            let per_conn = limits.max_per_connection;
             let deadline = tokio::time::Instant::now() + wait;
             // First a place among this connection's sessions, then one among the group's.
-            let entered = tokio::select! {
-                r = conn_gate.enter(|| per_conn, usize::MAX, wait) => r,
-                _ = job.cancel.cancelled() => {
-                    job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting to open a session").await;
-                    return;
-                }
+            let Some((job, conn_permit)) = enter(&ctx, job, conn_gate.enter(|| per_conn, usize::MAX, wait), |_| {
+                format!(
+                    "this connection kept sessions.max_per_connection = {per_conn} sessions open for {} ms",
+                    wait.as_millis()
+                )
+            })
+            .await
+            else {
+                return;
             };
-            let conn_permit = match entered {
-                Ok(p) => p,
-                Err(_) => {
-                    let why = format!(
-                        "this connection kept sessions.max_per_connection = {per_conn} sessions open for {} ms",
-                        wait.as_millis()
-                    );
-                    let refusal = Refusal::new("session_limit", ErrorCode::SessionLimit, why);
-                    ctx.metrics.outcome(refusal.outcome);
-                    job.guard.fail(refusal.body()).await;
-                    return;
-                }
-            };
-            let sized = group.clone();
+            let (sized, queue) = (group.clone(), limits.queue);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let entered = tokio::select! {
-                r = group.sessions.enter(|| cap_cfg.cap(sized.target_size()), queue, left) => r,
-                _ = job.cancel.cancelled() => {
-                    job.fail(&ctx.metrics, "cancelled", ErrorCode::Cancelled, "cancelled while waiting to open a session").await;
-                    return;
+            let cap = || limits.cap(sized.target_size());
+            let Some((job, permit)) = enter(&ctx, job, group.sessions.enter(cap, queue, left), |e| {
+                let cap = cap();
+                match e {
+                    GateError::Full => format!(
+                        "{cap} sessions pin this slot group's workers (sessions.max_per_group) and \
+                         sessions.queue = {queue} more wait already"
+                    ),
+                    GateError::Timeout => format!(
+                        "{cap} sessions pin this slot group's workers (sessions.max_per_group) and none \
+                         ended within {} ms",
+                        wait.as_millis()
+                    ),
                 }
-            };
-            let permit = match entered {
-                Ok(p) => p,
-                Err(e) => {
-                    let cap = ctx.config.sessions.cap(group.target_size());
-                    let why = match e {
-                        GateError::Full => format!(
-                            "{cap} sessions pin this slot group's workers (sessions.max_per_group) and \
-                             sessions.queue = {queue} more wait already"
-                        ),
-                        GateError::Timeout => format!(
-                            "{cap} sessions pin this slot group's workers (sessions.max_per_group) and none \
-                             ended within {} ms",
-                            wait.as_millis()
-                        ),
-                    };
-                    debug!(conn = session.conn, stream = session.stream, "session refused: {why}");
-                    let refusal = Refusal::new("session_limit", ErrorCode::SessionLimit, why);
-                    ctx.metrics.outcome(refusal.outcome);
-                    job.guard.fail(refusal.body()).await;
-                    return;
-                }
+            })
+            .await
+            else {
+                return;
             };
             let job = Job {
                 opens: Some(Box::new(Opening {
                     session,
+                    jobs: queued,
                     permit,
                     conn_permit,
                 })),
@@ -147,87 +235,111 @@ pub async fn open(
     Ok(())
 }
 
+/// A place under a gate for the opening `job`, or its stream answered: cancelled while it
+/// waited, or `SESSION_LIMIT` saying `why`.
+async fn enter(
+    ctx: &Ctx,
+    job: Job,
+    wait: impl std::future::Future<Output = Result<GatePermit, GateError>>,
+    why: impl FnOnce(GateError) -> String,
+) -> Option<(Job, GatePermit)> {
+    let refused = tokio::select! {
+        r = wait => match r {
+            Ok(permit) => return Some((job, permit)),
+            Err(e) => Some(e),
+        },
+        _ = job.cancel.cancelled() => None,
+    };
+    match refused {
+        Some(e) => {
+            let why = why(e);
+            debug!(conn = job.conn(), stream = job.stream(), "session refused: {why}");
+            let refusal = Refusal::new("session_limit", ErrorCode::SessionLimit, why);
+            ctx.metrics.outcome(refusal.outcome);
+            job.guard.fail(refusal.body()).await;
+        }
+        None => {
+            job.fail(
+                &ctx.metrics,
+                "cancelled",
+                ErrorCode::Cancelled,
+                "cancelled while waiting to open a session",
+            )
+            .await
+        }
+    }
+    None
+}
+
 /// Runs the statement in `frame` in the connection's session `id`.
 pub async fn statement(
     ctx: &Arc<Ctx>,
     shared: &Arc<ClientShared>,
+    sessions: &Sessions,
     frame: Frame,
     request: Request,
     id: u32,
 ) -> Result<(), ErrorBody> {
     let stream = frame.stream;
-    let refuse = |refusal: Refusal| async move {
-        ctx.metrics.outcome(refusal.outcome);
-        shared.reject(stream, refusal.body()).await;
-        Ok(())
-    };
-    let Some(session) = shared.session(id) else {
-        return refuse(Refusal::new(
-            "bad_request",
-            ErrorCode::InvalidRequest,
-            format!("no session is open on stream {id} of this connection (it ended, or never opened: see that stream's terminal frame)"),
-        ))
+    let Some(line) = sessions.get(id) else {
+        let why = format!(
+            "no session is open on stream {id} of this connection (it ended, or never opened: see that stream's terminal frame)"
+        );
+        return refuse(
+            ctx,
+            shared,
+            stream,
+            Refusal::new("bad_request", ErrorCode::InvalidRequest, why),
+        )
         .await;
     };
-    let Some(pinned) = session.pinned() else {
-        return refuse(Refusal::new(
-            "bad_request",
-            ErrorCode::InvalidRequest,
-            format!("session {id} is not open yet: wait for its SESSION frame"),
-        ))
+    let Some(pinned) = line.session.pinned() else {
+        let why = format!("session {id} is not open yet: wait for its SESSION frame");
+        return refuse(
+            ctx,
+            shared,
+            stream,
+            Refusal::new("bad_request", ErrorCode::InvalidRequest, why),
+        )
         .await;
     };
     let digest = match intercept::check(ctx, &request) {
         Ok(d) => d,
-        Err(refusal) => return refuse(refusal).await,
-    };
-    let (mut guard, cancel) = match reserve::open(ctx, shared, stream)? {
-        Ok(opened) => opened,
-        Err(refusal) => return refuse(refusal).await,
+        Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
     };
     // A session open at a drain goes on until drain_timeout: its statements are taken.
-    if let Err(refusal) = reserve::budget(ctx, shared, &mut guard, frame.payload.len(), false) {
-        ctx.metrics.outcome(refusal.outcome);
-        guard.fail(refusal.body()).await;
+    let Some((guard, cancel)) = reserve::stream(ctx, shared, stream, frame.payload.len(), false).await? else {
         return Ok(());
-    }
-    let received = Instant::now();
+    };
+    let timeout = (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms));
     let job = Job {
-        guard,
-        cancel,
-        frame,
-        timeout: (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms)),
-        received,
-        queue_deadline: received + ctx.queue_timeout(),
-        attempts: 0,
-        digest,
-        opens: None,
         in_session: true,
+        ..Job::new(guard, cancel, frame, timeout, ctx.queue_timeout(), digest)
     };
     // In order: behind the session's statements that wait for a token, even with one at
     // hand or no limit any more (this connection's frames are admitted one by one, so
     // nothing races here).
-    if session.throttled_waiting() || ctx.policy.throttle.any_limit() {
-        let key = Ctx::throttle_key(&session.cluster, &pinned.member);
-        if session.throttled_waiting() || !ctx.policy.throttle.try_acquire(&key) {
-            if session.wait_for_token(job) {
-                tokio::spawn(give_tokens(ctx.clone(), session, key).in_current_span());
+    if line.throttled_waiting() || ctx.policy.throttle.any_limit() {
+        let key = Ctx::throttle_key(&line.session.cluster, &pinned.member);
+        if line.throttled_waiting() || !ctx.policy.throttle.try_acquire(&key) {
+            if line.wait_for_token(job) {
+                tokio::spawn(give_tokens(ctx.clone(), line, key).in_current_span());
             }
             return Ok(());
         }
     }
-    send(ctx, &session, job).await;
+    send(ctx, &line, job).await;
     Ok(())
 }
 
-/// Gives the statements of `session` that wait for a throttle token their tokens, one
-/// after the other, and sends each on at once: the session runs them in the order sent.
-/// A statement leaves the line only once handled, so that a later one waits behind it.
-async fn give_tokens(ctx: Arc<Ctx>, session: Arc<Session>, key: String) {
+/// Gives the statements of `line` that wait for a throttle token their tokens, one after
+/// the other, and sends each on at once: the session runs them in the order sent. A
+/// statement leaves the line only once handled, so that a later one waits behind it.
+async fn give_tokens(ctx: Arc<Ctx>, line: Arc<Line>, key: String) {
     // Once one is refused, those sent behind it are too: a session must not run the
     // statements after one that did not run (a COMMIT without the write before it).
     let mut refused: Option<Refusal> = None;
-    while let Some(cancel) = session.first_waiting() {
+    while let Some(cancel) = line.first_waiting() {
         let got = match &refused {
             Some(_) => Some(Ok(())),
             None => tokio::select! {
@@ -235,7 +347,7 @@ async fn give_tokens(ctx: Arc<Ctx>, session: Arc<Session>, key: String) {
                 _ = cancel.cancelled() => None,
             },
         };
-        let Some(job) = session.take_waiting() else { return };
+        let Some(job) = line.take_waiting() else { return };
         match (got, &refused) {
             (Some(Ok(())), Some(first)) => {
                 let refusal = Refusal::new(
@@ -243,13 +355,13 @@ async fn give_tokens(ctx: Arc<Ctx>, session: Arc<Session>, key: String) {
                     first.code,
                     format!(
                         "a statement sent before this one in session {} was refused: {}",
-                        session.stream, first.message
+                        line.session.stream, first.message
                     ),
                 );
                 ctx.metrics.outcome(refusal.outcome);
                 job.guard.fail(refusal.body()).await;
             }
-            (Some(Ok(())), None) => send(&ctx, &session, job).await,
+            (Some(Ok(())), None) => send(&ctx, &line, job).await,
             (Some(Err(throttled)), _) => {
                 debug!(member = %key, "throttled: {throttled}");
                 let refusal = Refusal::from(throttled);
@@ -267,50 +379,38 @@ async fn give_tokens(ctx: Arc<Ctx>, session: Arc<Session>, key: String) {
                 .await
             }
         }
-        if !session.handed() {
+        if !line.handed() {
             return;
         }
     }
 }
 
 /// Hands the job to the session's pinned worker; a refusal answers its stream.
-async fn send(ctx: &Ctx, session: &Session, job: Job) {
-    let id = session.stream;
-    let (job, refusal) = match session.send(job) {
-        Ok(()) => return,
-        Err(SendError::NotOpen(job)) => (
-            job,
-            Refusal::new(
-                "bad_request",
-                ErrorCode::InvalidRequest,
-                format!("session {id} is not open yet: wait for its SESSION frame"),
-            ),
+async fn send(ctx: &Ctx, line: &Line, job: Job) {
+    let id = line.session.stream;
+    let Err((job, e)) = line.send(job) else { return };
+    let refusal = match e {
+        SendError::NotOpen => Refusal::new(
+            "bad_request",
+            ErrorCode::InvalidRequest,
+            format!("session {id} is not open yet: wait for its SESSION frame"),
         ),
-        Err(SendError::Full(job)) => (
-            job,
-            Refusal::new(
-                "queue_full",
-                ErrorCode::QueueFull,
-                format!(
-                    "session {id} runs one statement at a time and {} wait already",
-                    crate::request::session::SESSION_QUEUE
-                ),
-            ),
+        SendError::Full => Refusal::new(
+            "queue_full",
+            ErrorCode::QueueFull,
+            format!("session {id} runs one statement at a time and {SESSION_QUEUE} wait already"),
         ),
-        Err(SendError::Ended(job)) => (
-            job,
-            Refusal::new(
-                "session_aborted",
-                ErrorCode::SessionAborted,
-                format!("session {id} ended before this statement ran (see its stream's terminal frame)"),
-            ),
+        SendError::Ended => Refusal::new(
+            "session_aborted",
+            ErrorCode::SessionAborted,
+            format!("session {id} ended before this statement ran (see its stream's terminal frame)"),
         ),
     };
     ctx.metrics.outcome(refusal.outcome);
     let mut body = refusal.body();
     if body.code == ErrorCode::SessionAborted {
         // What became of the session's transaction, as its own stream was told.
-        body.transaction = session.ended_outcome();
+        body.transaction = line.session.ended_outcome();
     }
     job.guard.fail(body).await;
 }

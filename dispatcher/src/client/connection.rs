@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn, Instrument};
 
 use crate::admit::admit;
+use crate::admit::session::Sessions;
 use crate::client::tls::{ClientRead, ClientWrite, Progress, ServerTls};
 use crate::ctx::Ctx;
 use crate::request::streams::{outbox, ClientShared, Inbox};
@@ -269,6 +270,8 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
         ctx.config.limits.max_request_bytes_per_connection,
         ctx.metrics.clone(),
     );
+    // Its sessions (protocol 1.5): admission's, and gone with the connection.
+    let sessions = Sessions::default();
 
     let mut last_rx = Instant::now();
     let mut keepalive = tokio::time::interval(ctx.keepalive_interval());
@@ -305,7 +308,7 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
                 };
                 last_rx = Instant::now();
                 ctx.metrics.bytes_from_clients.inc_by(frame.payload.len() as u64);
-                if let Err(Closing(body)) = on_frame(ctx, &shared, frame, draining).await {
+                if let Err(Closing(body)) = on_frame(ctx, &shared, &sessions, frame, draining).await {
                     break body;
                 }
             }
@@ -360,9 +363,15 @@ impl From<ErrorBody> for Closing {
 }
 
 /// Handles one frame. Err: a connection-level problem; the connection closes.
-async fn on_frame(ctx: &Arc<Ctx>, shared: &Arc<ClientShared>, frame: Frame, draining: bool) -> Result<(), Closing> {
+async fn on_frame(
+    ctx: &Arc<Ctx>,
+    shared: &Arc<ClientShared>,
+    sessions: &Sessions,
+    frame: Frame,
+    draining: bool,
+) -> Result<(), Closing> {
     match frame.kind {
-        Kind::Request => Ok(admit(ctx, shared, own_payload(frame), draining).await?),
+        Kind::Request => Ok(admit(ctx, shared, sessions, own_payload(frame), draining).await?),
         Kind::Cancel => {
             let _: Cancel = frame.body().map_err(|e| protocol_error(&e))?;
             if shared.cancel(frame.stream) {

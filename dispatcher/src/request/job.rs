@@ -47,6 +47,8 @@ pub struct Job {
 /// What a job that opens a session carries to the worker link that pins it.
 pub struct Opening {
     pub session: Arc<Session>,
+    /// The session's statements, queued by admission for the worker that is pinned.
+    pub jobs: tokio::sync::mpsc::Receiver<Job>,
     /// Its place under the slot group's `sessions.max_per_group`, held while it lives.
     pub permit: GatePermit,
     /// Its place under its connection's `sessions.max_per_connection`.
@@ -54,6 +56,31 @@ pub struct Opening {
 }
 
 impl Job {
+    /// The job of the REQUEST in `frame`, received now, that must reach a worker within
+    /// `queue_wait`; `timeout`: the client's own.
+    pub fn new(
+        guard: StreamGuard,
+        cancel: CancellationToken,
+        frame: Frame,
+        timeout: Option<Duration>,
+        queue_wait: Duration,
+        digest: Option<osprey_sql::Digest>,
+    ) -> Job {
+        let received = Instant::now();
+        Job {
+            guard,
+            cancel,
+            frame,
+            timeout,
+            received,
+            queue_deadline: received + queue_wait,
+            attempts: 0,
+            digest,
+            opens: None,
+            in_session: false,
+        }
+    }
+
     pub fn conn(&self) -> u64 {
         self.guard.shared().id
     }

@@ -1,22 +1,17 @@
 //! Sessions (protocol 1.5): one worker pinned to one client stream until the session
 //! ends, so that `BEGIN` … application logic … `COMMIT`, temporary tables, user variables
-//! and locks work. Admission opens a [`Session`] and sends its statements into it; the
-//! worker link that takes the opening job owns the pinned worker (see `pool/relay/`).
-//! A slot group's [`SessionGate`] caps how many of its workers sessions may hold.
+//! and locks work. A [`Session`] is what both sides see of one: admission, which opens it
+//! and queues its statements (`admit/session.rs`), and the worker link that takes the
+//! opening job and pins its worker (`pool/relay/pinned.rs`). A slot group's and a
+//! connection's [`SessionGate`] cap how many sessions they hold.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-
-use crate::request::job::Job;
-
-/// Statements one session may have waiting for its worker (a session runs one at a time;
-/// a client that sends more before the first ended waits behind it). Past it: QUEUE_FULL.
-pub const SESSION_QUEUE: usize = 16;
 
 /// `[sessions]`: the bounds that keep sessions from taking the pool (docs/CONFIG.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,9 +75,6 @@ pub struct Session {
     pub conn: u64,
     pub cluster: String,
     pub opened: Instant,
-    jobs: mpsc::Sender<Job>,
-    /// The receiving end, until the worker link that pins it takes it.
-    rx: Mutex<Option<mpsc::Receiver<Job>>>,
     pinned: Mutex<Option<PinnedTo>>,
     /// A transaction is open (the last statement's `END.in_transaction`).
     in_transaction: AtomicBool,
@@ -90,55 +82,24 @@ pub struct Session {
     transaction_since: Mutex<Option<Instant>>,
     /// Cancelled when an operator ends the session (`POST /sessions/kill`).
     pub killed: CancellationToken,
-    /// Statements waiting for a throttle token, in arrival order: a later statement waits
-    /// behind them even when a token is at hand, so that the session runs what its client
-    /// sent in the order sent. Bounded by the connection's streams and request bytes.
-    throttled: Mutex<Lane>,
     /// How the session ended, once it has: what became of its transaction, for the
     /// statements refused after (`None`: none was open).
     ended: Mutex<Option<Option<osprey_protocol::TransactionOutcome>>>,
 }
 
-/// [`Session`]'s statements waiting for a throttle token.
-#[derive(Default)]
-struct Lane {
-    waiting: std::collections::VecDeque<Job>,
-    /// The first has been taken and is being handed on: a later one still waits.
-    handing: bool,
-}
-
-/// Why a statement could not be handed to its session.
-pub enum SendError {
-    /// No worker is pinned yet (the client did not wait for `SESSION`).
-    NotOpen(Job),
-    /// [`SESSION_QUEUE`] statements wait already.
-    Full(Job),
-    /// The session ended (its link is gone).
-    Ended(Job),
-}
-
 impl Session {
     pub fn new(conn: u64, stream: u32, cluster: String) -> Arc<Session> {
-        let (jobs, rx) = mpsc::channel(SESSION_QUEUE);
         Arc::new(Session {
             stream,
             conn,
             cluster,
             opened: Instant::now(),
-            jobs,
-            rx: Mutex::new(Some(rx)),
             pinned: Mutex::new(None),
             in_transaction: AtomicBool::new(false),
             transaction_since: Mutex::new(None),
             killed: CancellationToken::new(),
-            throttled: Mutex::new(Lane::default()),
             ended: Mutex::new(None),
         })
-    }
-
-    /// The statements' receiving end, for the worker link that pins the session (once).
-    pub fn take_receiver(&self) -> Option<mpsc::Receiver<Job>> {
-        self.rx.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     pub fn set_pinned(&self, to: PinnedTo) {
@@ -172,46 +133,6 @@ impl Session {
         self.in_transaction.load(Ordering::Relaxed)
     }
 
-    fn lane(&self) -> std::sync::MutexGuard<'_, Lane> {
-        self.throttled.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether statements wait for a throttle token (a new one goes behind them).
-    pub fn throttled_waiting(&self) -> bool {
-        let lane = self.lane();
-        !lane.waiting.is_empty() || lane.handing
-    }
-
-    /// Puts a statement behind those waiting for a token. True: none waited, so the
-    /// caller starts the one task that gives them their tokens in order.
-    pub fn wait_for_token(&self, job: Job) -> bool {
-        let mut lane = self.lane();
-        let first = lane.waiting.is_empty() && !lane.handing;
-        lane.waiting.push_back(job);
-        first
-    }
-
-    /// The cancel token of the first statement waiting for a token (`None`: none waits).
-    pub fn first_waiting(&self) -> Option<tokio_util::sync::CancellationToken> {
-        self.lane().waiting.front().map(|j| j.cancel.clone())
-    }
-
-    /// Takes the first waiting statement to hand it on (its token came, or its wait
-    /// ended); later ones keep waiting until [`Session::handed`].
-    pub fn take_waiting(&self) -> Option<Job> {
-        let mut lane = self.lane();
-        let job = lane.waiting.pop_front();
-        lane.handing = job.is_some();
-        job
-    }
-
-    /// The statement taken is handed on (sent, or answered); whether more wait.
-    pub fn handed(&self) -> bool {
-        let mut lane = self.lane();
-        lane.handing = false;
-        !lane.waiting.is_empty()
-    }
-
     /// The session ended; `outcome`: what became of its transaction.
     pub fn set_ended(&self, outcome: Option<osprey_protocol::TransactionOutcome>) {
         *self.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
@@ -221,19 +142,6 @@ impl Session {
     /// transaction was open).
     pub fn ended_outcome(&self) -> Option<osprey_protocol::TransactionOutcome> {
         self.ended.lock().unwrap_or_else(|e| e.into_inner()).flatten()
-    }
-
-    /// Hands a statement to the pinned worker's link.
-    // The job comes back with the refusal (to be answered): as `SlotGroup::submit`.
-    #[allow(clippy::result_large_err)]
-    pub fn send(&self, job: Job) -> Result<(), SendError> {
-        if self.pinned().is_none() {
-            return Err(SendError::NotOpen(job));
-        }
-        self.jobs.try_send(job).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(job) => SendError::Full(job),
-            mpsc::error::TrySendError::Closed(job) => SendError::Ended(job),
-        })
     }
 }
 

@@ -16,7 +16,6 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::request::session::{Session, SessionGate};
 
 /// Most credit a stream can hold: a client granting more is capped here (a compliant one
 /// never holds more than its window).
@@ -153,11 +152,6 @@ pub struct ClientShared {
     pub request_bytes: Arc<Semaphore>,
     /// Set when the connection is gone: request tasks stop relaying to it.
     pub closed: AtomicBool,
-    /// Its sessions (protocol 1.5), by the id of the stream that opened each: an entry
-    /// lives as long as that stream.
-    sessions: Mutex<HashMap<u32, Arc<Session>>>,
-    /// Its sessions against `sessions.max_per_connection` (a bounded wait beyond it).
-    pub session_gate: Arc<SessionGate>,
     metrics: Arc<Metrics>,
 }
 
@@ -184,8 +178,6 @@ impl ClientShared {
             window,
             request_bytes: Arc::new(Semaphore::new(request_bytes.clamp(1, u32::MAX as usize))),
             closed: AtomicBool::new(false),
-            sessions: Mutex::new(HashMap::new()),
-            session_gate: Arc::default(),
             metrics,
         })
     }
@@ -272,26 +264,7 @@ impl ClientShared {
         let _ = self.out.send(Frame::new(Kind::End, stream, &End::default())).await;
     }
 
-    fn session_table(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Session>>> {
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Adds a session opened on its (open) stream; it leaves with that stream.
-    pub fn add_session(&self, session: Arc<Session>) {
-        self.session_table().insert(session.stream, session);
-    }
-
-    /// The session opened on `stream`, while that stream is open.
-    pub fn session(&self, stream: u32) -> Option<Arc<Session>> {
-        self.session_table().get(&stream).cloned()
-    }
-
-    pub fn sessions_open(&self) -> usize {
-        self.session_table().len()
-    }
-
     fn close_stream(&self, stream: u32) {
-        self.session_table().remove(&stream);
         self.table().remove(&stream);
         self.metrics.streams_closed.inc();
         self.metrics.streams_open.dec();

@@ -272,8 +272,10 @@ fn an_opening_job_is_never_prefetched() {
             .unwrap_or_else(|_| panic!("a place"))
     };
     let (permit, conn_permit) = (place(), place());
+    let (_queue, jobs) = tokio::sync::mpsc::channel(1);
     opening.opens = Some(Box::new(crate::request::job::Opening {
         session,
+        jobs,
         permit,
         conn_permit,
     }));

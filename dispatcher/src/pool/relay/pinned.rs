@@ -136,8 +136,7 @@ pub(super) async fn next_statement(pinned: &mut Option<Pinned>) -> Option<Job> {
 
 impl Relay {
     /// Pins the worker to the session `job` opens: `SESSION` goes out on its stream.
-    /// Ok(false): it could not be pinned (answered); the worker is free.
-    pub(super) async fn pin(&mut self, job: Job) -> Result<bool, LinkError> {
+    pub(super) async fn pin(&mut self, job: Job) -> Result<(), LinkError> {
         let Job {
             mut guard,
             cancel,
@@ -145,17 +144,7 @@ impl Relay {
             ..
         } = job;
         let opening = *opens.expect("an opening job");
-        let session = opening.session;
-        let Some(jobs) = session.take_receiver() else {
-            // Pinned once already (cannot happen: one job opens it): answer, stay free.
-            warn!(conn = session.conn, stream = session.stream, "session opened twice");
-            tokio::spawn(guard.fail(ErrorBody::undispatched(
-                Origin::Dispatcher,
-                ErrorCode::Internal,
-                "session opened twice",
-            )));
-            return Ok(false);
-        };
+        let (session, jobs) = (opening.session, opening.jobs);
         let member = self.pool.target_member().unwrap_or_default();
         let read_only = self.pool.read_member().is_some();
         session.set_pinned(PinnedTo {
@@ -203,7 +192,7 @@ impl Relay {
         if !self.pool.is_dispatching() {
             self.session_held(false);
         }
-        Ok(true)
+        Ok(())
     }
 
     /// The session's next statement, taken from its queue: it becomes the worker's

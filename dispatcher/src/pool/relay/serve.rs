@@ -388,7 +388,8 @@ impl Relay {
     pub(super) async fn start(&mut self, current: &mut Option<Current>, job: Job) -> Result<bool, LinkError> {
         let Some(job) = self.skip(job) else { return Ok(false) };
         if job.opens.is_some() {
-            return self.pin(job).await;
+            self.pin(job).await?;
+            return Ok(true);
         }
         let wstream = self.next_wstream();
         let job = self.write_request(job, wstream).await?;
