@@ -95,6 +95,8 @@ pub mod error;
 /// The runtime directory and credentials file, shared with the dispatcher (they live in the
 /// protocol crate so that neither binary links the other).
 pub use osprey_protocol::local;
+/// MySQL password hashes (`osprey mysql-password`, the dispatcher's `[[mysql.users]]`).
+pub use osprey_protocol::mysql_auth;
 pub mod retry;
 pub mod rows;
 pub mod session;

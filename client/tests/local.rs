@@ -11,6 +11,7 @@ fn credentials_roundtrip_with_mode_0600() {
     let c = Credentials {
         client_token: "c-123".into(),
         admin_token: "a-456".into(),
+        mysql: String::new(),
     };
     c.store(&sub).unwrap();
     let path = Credentials::path(&sub);
@@ -24,15 +25,26 @@ fn credentials_roundtrip_with_mode_0600() {
     // Overwrite in place.
     let c2 = Credentials {
         client_token: "new".into(),
-        ..c
+        ..c.clone()
     };
     c2.store(&sub).unwrap();
     assert_eq!(Credentials::load(&sub).unwrap(), c2);
+    // The MySQL port's generated login, when there is one.
+    let c3 = Credentials {
+        mysql: "mariadb -h127.0.0.1 -P6033 -uosprey -psecret".into(),
+        ..c2.clone()
+    };
+    c3.store(&sub).unwrap();
+    assert!(std::fs::read_to_string(&path)
+        .unwrap()
+        .ends_with("\nmysql=mariadb -h127.0.0.1 -P6033 -uosprey -psecret\n"));
+    assert_eq!(Credentials::load(&sub).unwrap(), c3);
     assert_eq!(
         Credentials::parse("# comment\n\nadmin_token = x \nother=1\n"),
         Credentials {
             client_token: String::new(),
-            admin_token: "x".into()
+            admin_token: "x".into(),
+            mysql: String::new(),
         }
     );
     assert!(Credentials::load(&dir.path().join("missing")).is_err());

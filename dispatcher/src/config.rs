@@ -43,6 +43,8 @@ pub struct Config {
     pub throttle: ThrottleConfig,
     /// Sessions (pinned workers): their caps and timeouts.
     pub sessions: SessionsConfig,
+    /// The MySQL protocol front end.
+    pub mysql: MysqlConfig,
     /// A single database, without failover: shorthand for one cluster of one member.
     /// With neither `[backend]` nor `[[cluster]]`, the dispatcher starts a local MariaDB
     /// sandbox (a primary and two replicas) and fronts it as cluster `sandbox`.
@@ -50,6 +52,59 @@ pub struct Config {
     /// The clusters, in order; a REQUEST without `cluster` goes to the first.
     #[serde(rename = "cluster")]
     pub clusters: Vec<ClusterConfig>,
+}
+
+/// `[mysql]`: the MySQL protocol front end, for every MySQL client, driver and tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MysqlConfig {
+    /// Where it listens (SO_REUSEPORT, as the client listener). Absent: off, except with
+    /// the embedded default, which listens on 127.0.0.1:6033 with a generated user.
+    pub listen: Option<SocketAddr>,
+    /// MySQL connections at most; past it a new one gets ERR 1040 and is closed.
+    pub max_connections: usize,
+    /// A connection idle this long between commands is closed (MySQL's `wait_timeout`).
+    pub idle_timeout_ms: u64,
+    /// Failed logins from one address within a minute before its next attempts are
+    /// refused at once (ERR 1129-like, with 1045), for a minute.
+    pub max_auth_failures_per_minute: u32,
+    /// Who may log in.
+    pub users: Vec<MysqlUser>,
+}
+
+impl Default for MysqlConfig {
+    fn default() -> Self {
+        MysqlConfig {
+            listen: None,
+            max_connections: 4096,
+            idle_timeout_ms: 28_800_000,
+            max_auth_failures_per_minute: 20,
+            users: Vec::new(),
+        }
+    }
+}
+
+/// `[[mysql.users]]`: a MySQL login. Passwords are never in the file: `osprey
+/// mysql-password` prints the hashes. Databases always see the workers' own credentials.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MysqlUser {
+    pub name: String,
+    /// `mysql_native_password`: `*` + 40 hex digits (`SHA1(SHA1(password))`, what MySQL shows).
+    #[serde(default)]
+    pub native_hash: Option<String>,
+    /// `caching_sha2_password` (fast path): 64 hex digits, `SHA256(SHA256(password))`.
+    #[serde(default)]
+    pub sha2_hash: Option<String>,
+    /// The cluster its statements run on (absent: the first).
+    #[serde(default)]
+    pub cluster: Option<String>,
+    /// The default database when the client names none at connect.
+    #[serde(default)]
+    pub schema: Option<String>,
+    /// Connections of this user at most (absent: no cap of its own).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -492,6 +547,53 @@ impl Config {
         Ok(config)
     }
 
+    fn validate_mysql(&self) -> Result<(), String> {
+        let m = &self.mysql;
+        if m.max_connections == 0 || m.idle_timeout_ms == 0 {
+            return Err("mysql.max_connections and mysql.idle_timeout_ms must be at least 1".into());
+        }
+        let embedded = self.backend.is_none() && self.clusters.is_empty();
+        if m.listen.is_some() && m.users.is_empty() && !embedded {
+            return Err(
+                "mysql.listen needs at least one [[mysql.users]] (osprey mysql-password prints the hashes)".into(),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for u in &m.users {
+            if u.name.is_empty() || u.name.len() > 80 || !seen.insert(u.name.as_str()) {
+                return Err(format!(
+                    "mysql.users: {:?}: names must be unique, 1 to 80 bytes",
+                    u.name
+                ));
+            }
+            if u.native_hash.is_none() && u.sha2_hash.is_none() {
+                return Err(format!(
+                    "mysql.users {:?}: give native_hash or sha2_hash (osprey mysql-password)",
+                    u.name
+                ));
+            }
+            if u.native_hash
+                .as_deref()
+                .is_some_and(|h| !osprey_protocol::mysql_auth::is_native_hash(h))
+            {
+                return Err(format!(
+                    "mysql.users {:?}: native_hash is not '*' and 40 hex digits",
+                    u.name
+                ));
+            }
+            if u.sha2_hash
+                .as_deref()
+                .is_some_and(|h| !osprey_protocol::mysql_auth::is_sha2_hash(h))
+            {
+                return Err(format!("mysql.users {:?}: sha2_hash is not 64 hex digits", u.name));
+            }
+            if u.max_connections == Some(0) {
+                return Err(format!("mysql.users {:?}: max_connections must be at least 1", u.name));
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError::Invalid(m.into()));
         if self.pool.size == 0 && self.pool.min.is_none() {
@@ -509,6 +611,7 @@ impl Config {
         if self.sessions.max_per_connection == 0 {
             return bad("sessions.max_per_connection must be at least 1");
         }
+        self.validate_mysql().map_err(ConfigError::Invalid)?;
         if self.limits.max_streams_per_connection == 0 {
             return bad("limits.max_streams_per_connection must be at least 1");
         }

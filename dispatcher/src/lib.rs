@@ -12,6 +12,7 @@ pub mod ctx;
 pub mod embedded;
 pub mod fds;
 pub mod metrics;
+pub mod mysql;
 pub mod policy;
 pub mod pool;
 pub mod request;

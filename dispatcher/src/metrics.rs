@@ -135,6 +135,7 @@ pub struct Metrics {
     /// Requests written to workers ahead of time (`pool.pipeline_depth`).
     pub pipeline: PipelineMetrics,
     pub sessions: SessionMetrics,
+    pub mysql: MysqlMetrics,
 }
 
 /// Sessions (pinned workers, protocol 1.5).
@@ -165,6 +166,87 @@ fn register_session_metrics(registry: &mut Registry) -> SessionMetrics {
         ended.clone(),
     );
     SessionMetrics { opened, open, ended }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommandLabel {
+    pub command: &'static str,
+}
+
+/// The MySQL front end.
+pub struct MysqlMetrics {
+    /// MySQL client connections open now.
+    pub connections: Gauge,
+    commands: Family<CommandLabel, Counter>,
+    /// Clients pinned beyond their transaction, by why (user variable, temporary table, …).
+    pinned: Family<ReasonLabel, Counter>,
+    /// Logins refused (wrong password, unknown user).
+    pub auth_failures: Counter,
+    /// Sessions the front end opened (transactions, pinned state).
+    pub sessions_opened: Counter,
+}
+
+impl MysqlMetrics {
+    pub fn command(&self, code: u8) {
+        let command = match code {
+            0x01 => "quit",
+            0x02 => "init_db",
+            0x03 => "query",
+            0x04 => "field_list",
+            0x09 => "statistics",
+            0x0E => "ping",
+            0x11 => "change_user",
+            0x16 => "stmt_prepare",
+            0x17 => "stmt_execute",
+            0x18 => "stmt_send_long_data",
+            0x19 => "stmt_close",
+            0x1A => "stmt_reset",
+            0x1B => "set_option",
+            0x1F => "reset_connection",
+            _ => "other",
+        };
+        self.commands.get_or_create(&CommandLabel { command }).inc();
+    }
+
+    pub fn pinned(&self, reason: &'static str) {
+        self.pinned.get_or_create(&ReasonLabel { reason }).inc();
+    }
+}
+
+fn register_mysql_metrics(registry: &mut Registry) -> MysqlMetrics {
+    let connections = Gauge::default();
+    registry.register(
+        "mysql_connections",
+        "MySQL client connections open now",
+        connections.clone(),
+    );
+    let commands = Family::<CommandLabel, Counter>::default();
+    registry.register(
+        "mysql_commands",
+        "MySQL commands received, by command",
+        commands.clone(),
+    );
+    let pinned = Family::<ReasonLabel, Counter>::default();
+    registry.register(
+        "mysql_pinned",
+        "MySQL clients pinned to one database session beyond a transaction, by why",
+        pinned.clone(),
+    );
+    let auth_failures = Counter::default();
+    registry.register("mysql_auth_failures", "MySQL logins refused", auth_failures.clone());
+    let sessions_opened = Counter::default();
+    registry.register(
+        "mysql_sessions_opened",
+        "Sessions the MySQL front end opened (transactions, pinned state)",
+        sessions_opened.clone(),
+    );
+    MysqlMetrics {
+        connections,
+        commands,
+        pinned,
+        auth_failures,
+        sessions_opened,
+    }
 }
 
 /// Prefetch: how deep the workers' pipelines run, and what was taken back.
@@ -511,11 +593,13 @@ impl Metrics {
         let delay = register_delay_metrics(&mut registry);
         let pipeline = register_pipeline_metrics(&mut registry);
         let sessions = register_session_metrics(&mut registry);
+        let mysql = register_mysql_metrics(&mut registry);
         Metrics {
             registry,
             scrape: std::sync::Mutex::new(()),
             pipeline,
             sessions,
+            mysql,
             reads,
             delay,
             failovers,

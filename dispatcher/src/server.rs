@@ -67,7 +67,8 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics);
     let dir = config.listen.runtime_dir.clone().unwrap_or_else(runtime_dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating runtime dir {}", dir.display()))?;
-    let (client_tokens, admin_token) = tokens(&config, &dir)?;
+    let (mysql_config, mysql_line) = mysql_setup(&config);
+    let (client_tokens, admin_token) = tokens(&config, &dir, &mysql_line)?;
     if let Some(sandbox) = &_sandbox {
         embedded::write_members_file(sandbox, &dir);
     }
@@ -108,6 +109,13 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     // in that queue too, and the accept loop gets through it in milliseconds.
     let admin_listener = listen::bind_tcp(config.listen.admin, 1024)
         .with_context(|| format!("binding admin listener {}", config.listen.admin))?;
+    let mysql_listener = match mysql_config.listen {
+        Some(addr) => Some(
+            listen::bind_tcp(addr, 1024)
+                .with_context(|| format!("binding the MySQL listener {addr} ([mysql] listen)"))?,
+        ),
+        None => None,
+    };
 
     let initial = config.initial_pool_size();
     let mut groups: Vec<Arc<SlotGroup>> = clusters
@@ -203,6 +211,13 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         fd_budget.max_client_connections,
         tls.clone(),
     ));
+    let mysql_task = mysql_listener.map(|listener| {
+        let front = Arc::new(crate::mysql::Front::new(mysql_config.clone(), ctx.metrics.clone()));
+        tokio::spawn(crate::mysql::accept(ctx.clone(), front, listener))
+    });
+    if !mysql_line.is_empty() {
+        info!("MySQL port ready for any MySQL client: {mysql_line}");
+    }
     tokio::spawn(signals(
         ctx.clone(),
         supervisor.clone(),
@@ -213,6 +228,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
 
     info!(
         client = %config.listen.client,
+        mysql = ?mysql_config.listen,
         tls = tls.is_some(),
         admin = %config.listen.admin,
         clusters = %ctx.clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(","),
@@ -230,6 +246,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     info!("draining: no new connections, GOAWAY to clients, in-flight requests finish");
     // Closing the listener hands new connections to a dispatcher bound beside us.
     clients_task.abort();
+    if let Some(t) = &mysql_task {
+        t.abort();
+    }
     let drain_deadline = Instant::now() + Duration::from_millis(ctx.config.timeouts.drain_timeout_ms);
     while ctx.metrics.client_connections.get() > 0 && Instant::now() < drain_deadline && !ctx.abort.is_cancelled() {
         sleep(Duration::from_millis(20)).await;
@@ -256,10 +275,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
 }
 
 /// Configured tokens, or generated ones written to the local credentials file.
-fn tokens(config: &Config, dir: &std::path::Path) -> anyhow::Result<(Vec<String>, String)> {
+fn tokens(config: &Config, dir: &std::path::Path, mysql_line: &str) -> anyhow::Result<(Vec<String>, String)> {
     let mut client_tokens = config.auth.client_tokens.clone();
     let mut admin_token = config.auth.admin_token.clone();
-    let generated = client_tokens.is_empty() || admin_token.is_none();
+    let generated = client_tokens.is_empty() || admin_token.is_none() || !mysql_line.is_empty();
     if client_tokens.is_empty() {
         client_tokens.push(random_token());
     }
@@ -268,6 +287,7 @@ fn tokens(config: &Config, dir: &std::path::Path) -> anyhow::Result<(Vec<String>
         let creds = Credentials {
             client_token: client_tokens[0].clone(),
             admin_token: admin_token.clone(),
+            mysql: mysql_line.to_string(),
         };
         creds
             .store(dir)
@@ -275,6 +295,34 @@ fn tokens(config: &Config, dir: &std::path::Path) -> anyhow::Result<(Vec<String>
         info!(file = %Credentials::path(dir).display(), "generated tokens written");
     }
     Ok((client_tokens, admin_token))
+}
+
+/// The MySQL front end's settings in force: as configured, or for the embedded default
+/// (and a `listen` without users) a generated user on 127.0.0.1:6033; with the
+/// ready-to-paste `mariadb` line for a generated user (empty otherwise).
+fn mysql_setup(config: &Config) -> (crate::config::MysqlConfig, String) {
+    let mut m = config.mysql.clone();
+    let embedded = config.backend.is_none() && config.clusters.is_empty();
+    if embedded && m.listen.is_none() {
+        m.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 6033)));
+    }
+    let Some(listen) = m.listen else {
+        return (m, String::new());
+    };
+    if !m.users.is_empty() {
+        return (m, String::new());
+    }
+    let password = random_token()[..24].to_string();
+    m.users.push(crate::config::MysqlUser {
+        name: "osprey".into(),
+        native_hash: Some(osprey_protocol::mysql_auth::native_hash(&password)),
+        sha2_hash: Some(osprey_protocol::mysql_auth::sha2_hash(&password)),
+        cluster: None,
+        schema: None,
+        max_connections: None,
+    });
+    let line = format!("mariadb -h{} -P{} -uosprey -p{password}", listen.ip(), listen.port());
+    (m, line)
 }
 
 async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener, max_connections: usize, tls: Option<Arc<ServerTls>>) {

@@ -83,6 +83,7 @@ texts!(
     name_text = "name",
     cluster_text = "cluster",
     causal_gtid_text = "causal_gtid",
+    schema_text = "schema",
 );
 
 /// `HELLO` (stream 0), the first frame a connecting peer sends.
@@ -371,6 +372,21 @@ pub struct Request {
     /// are ignored (the session's worker decides).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<u32>,
+    /// Rows as the server's text protocol carries them (protocol 1.6): a request without
+    /// `params` answers every value as `Bytes` (or nil), the server's own text, unparsed.
+    /// For front ends that hand the text on (the MySQL front end).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub text_rows: bool,
+    /// The default database the request runs in (protocol 1.6; absent: the backend's
+    /// configured one). The worker changes its session's database first if it differs.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "schema_text")]
+    pub schema: Option<String>,
+    /// Session variables the request runs under (protocol 1.6), `[name, value]` pairs in
+    /// order: each name one of the tracked variables (docs/PROTOCOL.md), each value a plain
+    /// literal; `names` is `SET NAMES`. The worker applies what its session lacks first
+    /// (a session that has others is reset); anything else is `INVALID_REQUEST`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vars: Vec<(String, String)>,
     /// Not on the wire: the SDK's per-request choice of read-your-writes (`None`: its
     /// `ClientConfig::read_your_writes`). It decides whether the SDK fills `causal_gtid`.
     #[serde(skip)]

@@ -11,6 +11,7 @@ pub mod error;
 pub mod frame;
 pub mod gtid;
 pub mod local;
+pub mod mysql_auth;
 pub mod value;
 
 pub use body::*;
@@ -27,8 +28,9 @@ pub const PROTOCOL_MAJOR: u16 = 1;
 /// `END.gtid` and `REQUEST.causal_gtid` (read-your-writes); 1.4 the worker link's
 /// pipelining (`STARTED`, `CANCEL` reason `reclaim`, several requests written at once);
 /// 1.5 sessions (`REQUEST.open_session`/`session`, `SESSION`, `RESET`, `END.in_transaction`,
-/// `ERROR.transaction`).
-pub const PROTOCOL_MINOR: u16 = 5;
+/// `ERROR.transaction`); 1.6 what a front end keeps per client (`REQUEST.text_rows`,
+/// `schema`, `vars`).
+pub const PROTOCOL_MINOR: u16 = 6;
 
 /// The most requests a dispatcher writes to one worker before the first of them has
 /// ended (`pool.pipeline_depth`): a worker reads that many ahead while it executes.

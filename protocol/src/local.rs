@@ -25,12 +25,15 @@ pub fn runtime_dir() -> PathBuf {
 /// Tokens for the client port and the admin API.
 ///
 /// File format (`<dir>/credentials`, mode 0600): one `key=value` per line,
-/// keys `client_token` and `admin_token`; blank lines and lines starting with `#`
+/// keys `client_token`, `admin_token` and (when the dispatcher generated a MySQL user)
+/// `mysql`, a ready-to-paste `mariadb` command line; blank lines and lines starting with `#`
 /// are ignored, unknown keys too. A missing key loads as an empty string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Credentials {
     pub client_token: String,
     pub admin_token: String,
+    /// `mariadb -h… -P… -u… -p…` for the MySQL port's generated user, or empty.
+    pub mysql: String,
 }
 
 impl Credentials {
@@ -59,6 +62,7 @@ impl Credentials {
                 match k.trim() {
                     "client_token" => c.client_token = v.trim().to_owned(),
                     "admin_token" => c.admin_token = v.trim().to_owned(),
+                    "mysql" => c.mysql = v.trim().to_owned(),
                     _ => {}
                 }
             }
@@ -84,6 +88,9 @@ impl Credentials {
             "client_token={}\nadmin_token={}\n",
             self.client_token, self.admin_token
         )?;
+        if !self.mysql.is_empty() {
+            writeln!(f, "mysql={}", self.mysql)?;
+        }
         f.sync_all()?;
         drop(f);
         fs::rename(&tmp, &path)

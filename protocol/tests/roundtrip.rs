@@ -151,6 +151,11 @@ fn arb_request() -> impl Strategy<Value = Request> {
         prop::option::of(any::<String>()),
         prop::option::of(any::<String>()),
         (any::<bool>(), prop::option::of(any::<u32>())),
+        (
+            any::<bool>(),
+            prop::option::of(any::<String>()),
+            prop::collection::vec(any::<(String, String)>(), 0..3),
+        ),
     )
         .prop_map(
             |(
@@ -162,6 +167,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 cluster,
                 causal_gtid,
                 (open_session, session),
+                (text_rows, schema, vars),
             )| Request {
                 sql,
                 params,
@@ -174,6 +180,9 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 causal_gtid,
                 open_session,
                 session,
+                text_rows,
+                schema,
+                vars,
                 // Not on the wire: a decoded request always has None.
                 read_your_writes: None,
             },

@@ -8,6 +8,7 @@
 
 pub mod classify;
 mod digest;
+pub mod vars;
 pub use digest::{digest, digest_hash, digest_id, parse_digest_id, Digest, KEYWORDS};
 
 /// Statements that control the transaction or take table locks, in any of the

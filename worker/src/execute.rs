@@ -98,6 +98,24 @@ pub struct Executor {
     /// In a session: a statement may have left state beyond a transaction (variables,
     /// temporary tables, locks, ...): its end needs the full reset.
     session_dirty: bool,
+    /// The database and tracked variables applied for requests that asked for them
+    /// (`REQUEST.schema`/`vars`, protocol 1.6); empty after every reset.
+    applied: Applied,
+}
+
+/// What `REQUEST.schema` and `REQUEST.vars` have made of the session since its last reset.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Applied {
+    /// `None`: the backend's configured database.
+    schema: Option<String>,
+    vars: Vec<(String, String)>,
+}
+
+impl Applied {
+    /// Whether a request runs on this session as it is.
+    pub(crate) fn serves(&self, request: &Request) -> bool {
+        self.schema == request.schema && self.vars == request.vars
+    }
 }
 
 impl Executor {
@@ -127,6 +145,7 @@ impl Executor {
             pipelining: true,
             memo: Default::default(),
             session_dirty: false,
+            applied: Applied::default(),
         }
     }
 
@@ -199,6 +218,16 @@ impl Executor {
         let out_of_sight = texts.iter().any(|f| f.out_of_sight);
         if controls_session && !in_session {
             return Err(refuse(ErrorCode::InvalidRequest, NEEDS_SESSION.into()));
+        }
+        for (name, value) in &request.vars {
+            osprey_sql::vars::check(name, value)
+                .map_err(|why| refuse(ErrorCode::InvalidRequest, format!("vars: {why}")))?;
+            if !in_session && name == "autocommit" && osprey_sql::vars::autocommit_value(value) != Some(true) {
+                return Err(refuse(
+                    ErrorCode::InvalidRequest,
+                    "vars: autocommit off opens a transaction: it needs a session".into(),
+                ));
+            }
         }
         // In a session: what the session's end must undo. A transaction alone (START
         // TRANSACTION, COMMIT, ROLLBACK, savepoints) a ROLLBACK undoes; anything else the
@@ -277,6 +306,17 @@ impl Executor {
                 return Ok((outcome, 1));
             }
         };
+        if !self.applied.serves(&checked.request) {
+            if let Err(e) = self.apply(&checked.request).await {
+                self.tracker.finish(stream).await;
+                let fatal = e.is_fatal();
+                let (mut body, _) = error_body(&ExecError::from(e), None, false);
+                // The statement itself never ran: nothing of it reached the database.
+                body.dispatched = false;
+                Emitter::new(link, &self.memo, stream, self.limits).fail(body).await?;
+                return Ok((if fatal { Outcome::Fatal } else { Outcome::Served }, 1));
+            }
+        }
         if self.may_pipeline(&checked) && queue.peek_request(|_| ()).is_some() {
             return self.run_pipeline(checked, queue, link).await;
         }
@@ -321,7 +361,10 @@ impl Executor {
         }
 
         let started = Instant::now();
-        let mut acc = Summary::default();
+        let mut acc = Summary {
+            text_rows: request.text_rows,
+            ..Summary::default()
+        };
         let result = if request.batch.is_empty() {
             run_statement(&mut self.conn, &single_sql, &request.params, &mut out, &mut acc).await
         } else {
@@ -365,9 +408,7 @@ impl Executor {
             }
         } else {
             match reset_session(&mut self.conn, result.is_err()).await {
-                Ok(left_open) if leaves_state => reset_connection(&mut self.conn, self.mariadb, self.track_gtid)
-                    .await
-                    .map(|()| left_open),
+                Ok(left_open) if leaves_state => self.reset().await.map(|()| left_open),
                 r => r.map_err(|e| e.to_string()),
             }
         };
@@ -491,6 +532,46 @@ pub(crate) struct Checked {
 }
 
 impl Executor {
+    /// Brings the session to the request's `schema` and `vars` (checked by `inspect`):
+    /// only what it lacks is applied; a session that has other variables, or must go back
+    /// to the configured database when there is none to `USE`, is reset first.
+    async fn apply(&mut self, request: &Request) -> Result<(), osprey_wire::Error> {
+        let configured = self.conn.opts().database.clone().filter(|d| !d.is_empty());
+        let extends = request.vars.starts_with(&self.applied.vars);
+        let back_to_nothing = request.schema.is_none() && self.applied.schema.is_some() && configured.is_none();
+        if !extends || back_to_nothing {
+            self.reset().await.map_err(osprey_wire::Error::Refused)?;
+        }
+        let mut sql = Vec::new();
+        if self.applied.schema != request.schema {
+            if let Some(db) = request.schema.as_ref().or(configured.as_ref()) {
+                sql.push(format!("USE `{}`", db.replace('`', "``")));
+            }
+        }
+        let new = &request.vars[self.applied.vars.len()..];
+        sql.extend(osprey_sql::vars::apply_statement(new));
+        if !sql.is_empty() {
+            let r = self.conn.query_drop(&sql.join("; ")).await;
+            // Part of it may have run: a reset puts the session back in a known state.
+            if r.is_err() && !self.conn.is_broken() {
+                self.reset().await.map_err(osprey_wire::Error::Refused)?;
+            }
+            r?;
+        }
+        self.applied = Applied {
+            schema: request.schema.clone(),
+            vars: request.vars.clone(),
+        };
+        Ok(())
+    }
+
+    /// The full reset ([`reset_connection`]), which also forgets what was applied.
+    async fn reset(&mut self) -> Result<(), String> {
+        self.applied = Applied::default();
+        self.session_gtid = None;
+        reset_connection(&mut self.conn, self.mariadb, self.track_gtid).await
+    }
+
     /// In a session, after a request: whether a transaction is open on the session. After
     /// a success the server's status flags say; after an error they are stale, so MariaDB
     /// is asked (`@@in_transaction`); MySQL has no such variable: a deadlock (1213) rolled
@@ -516,11 +597,13 @@ impl Executor {
     /// the worker exits.
     pub async fn end_session(&mut self, stream: u32, link: &LinkOut) -> Result<Outcome, LinkGone> {
         let mut out = Emitter::new(link, &self.memo, stream, self.limits);
-        let full = std::mem::take(&mut self.session_dirty);
+        // Variables applied in the session (autocommit among them) need the full reset:
+        // the ROLLBACK path turns autocommit back on behind `applied`'s back.
+        let full = std::mem::take(&mut self.session_dirty) || self.applied != Applied::default();
         let result = if self.dead {
             Err("the database session was lost".to_string())
         } else if full {
-            reset_connection(&mut self.conn, self.mariadb, self.track_gtid).await
+            self.reset().await
         } else {
             // Only a transaction to end: a ROLLBACK (and autocommit back on), which keeps
             // the session's prepared statements; the full reset drops them, and the next
@@ -667,6 +750,8 @@ pub(crate) struct Summary {
     last_gtid: Option<String>,
     /// In a session: a transaction is open after the request (`END.in_transaction`).
     in_transaction: bool,
+    /// `REQUEST.text_rows`: text-protocol values go out as the server's bytes.
+    pub(crate) text_rows: bool,
 }
 
 fn take_gtid(text: &str, acc: &mut Summary) {
@@ -830,7 +915,11 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
                     .unwrap_raw()
                     .into_iter()
                     .zip(kinds)
-                    .map(|(v, k)| v.map_or(Value::Null, |v| convert::value(*k, v)))
+                    .map(|(v, k)| match v {
+                        None => Value::Null,
+                        Some(osprey_wire::Value::Bytes(b)) if acc.text_rows => Value::Bytes(b),
+                        Some(v) => convert::value(*k, v),
+                    })
                     .collect();
                 if let Err(e) = out.row(values).await {
                     if !matches!(e, ExecError::Link(_)) {

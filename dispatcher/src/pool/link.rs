@@ -79,6 +79,7 @@ pub async fn serve(env: Arc<WorkerEnv>, socket: UnixStream) {
     let span = tracing::info_span!("worker", slot, pid = peer_pid);
     async move {
         info!(db_connection_id = ready.db_connection_id, "worker ready");
+        *pool.server_version.lock().unwrap_or_else(|e| e.into_inner()) = Some(ready.server_version.clone());
         let (jobs_tx, jobs) = mpsc::channel(LINK_JOBS);
         let quit = CancellationToken::new();
         let link = WorkerLink {

@@ -120,6 +120,7 @@ impl Executor {
             && !c.in_session
             && (c.request.timeout_ms == 0 || c.server_timeout.is_some())
             && !c.out_of_sight
+            && self.applied.serves(&c.request)
     }
 
     /// Runs `head` and, pipelined behind it, the requests queued after it that qualify.
@@ -167,7 +168,10 @@ impl Executor {
             // soon as the worker would wait on the database): one write for several.
             out.hold_end = !slots.is_empty();
             let started = Instant::now();
-            let mut acc = Summary::default();
+            let mut acc = Summary {
+                text_rows: slot.checked.request.text_rows,
+                ..Summary::default()
+            };
             let result = match (slot.unsent, &lost) {
                 (Some(e), _) => Err(e),
                 (None, Some(why)) => Err(ExecError::Lost(why.clone())),

@@ -84,6 +84,13 @@ pub enum Cmd {
         #[arg(long)]
         read_only: bool,
     },
+    /// Print the password hashes for a `[[mysql.users]]` entry of the dispatcher's config
+    /// (the password is read from stdin, or prompted for on a terminal; never stored).
+    MysqlPassword {
+        /// The user name to put in the printed entry.
+        #[arg(long, default_value = "app")]
+        user: String,
+    },
     /// Show the dispatcher's pool and slots.
     Status {
         /// Print the raw JSON.

@@ -35,6 +35,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             primary,
         } => commands::sql::run(&cli, sql, *json, params, *timeout, *primary),
         Cmd::Shell { read_only } => commands::shell::run(&cli, *read_only),
+        Cmd::MysqlPassword { user } => commands::mysql_password::run(user),
         Cmd::Status { json } => commands::status::run(&cli, *json),
         Cmd::Pool {
             cmd: PoolCmd::Resize { size },

@@ -190,6 +190,9 @@ pub struct SlotGroup {
     published_depth: AtomicI64,
     /// The sessions that pin (or are on their way to pin) this group's workers.
     pub sessions: Arc<SessionGate>,
+    /// The database server's version as its last ready worker saw it (`READY`), which
+    /// the MySQL front end's greeting shows.
+    pub server_version: Mutex<Option<String>>,
     /// Bumped whenever the group stops dispatching (a hold, or unavailable): a pinned
     /// worker's session ends rather than keep a switchover waiting.
     hold_tx: watch::Sender<u64>,
@@ -256,6 +259,7 @@ impl SlotGroup {
             published: Default::default(),
             published_depth: AtomicI64::new(0),
             sessions: Arc::default(),
+            server_version: Mutex::default(),
             hold_tx: watch::channel(0).0,
         })
     }

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod delay;
 pub mod digests;
+pub mod mysql_password;
 pub mod pool;
 pub mod sessions;
 pub mod shell;

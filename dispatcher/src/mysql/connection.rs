@@ -1,0 +1,845 @@
+//! One MySQL client connection: the connection phase, then commands one at a time. Each
+//! statement becomes an Osprey `REQUEST` on an in-process stream and takes admission like
+//! any SDK client's (intercept, route, reserve, throttle, the slot group's fair queue):
+//! the closed loop, the byte bounds and the slow-consumer rule hold here too. What comes
+//! back (`COLUMNS`, `ROWS`, `END`, `ERROR`) is written as MySQL packets.
+//!
+//! Transactions and untracked session state pin the client to one worker through a
+//! session (protocol 1.5): opened when a statement needs it (`BEGIN`, autocommit off, a
+//! user variable, a temporary table, a lock, text `PREPARE`, an unparsed `SET`), ended
+//! when no transaction is open and nothing sticky was done (`END.in_transaction` is the
+//! server's `SERVER_STATUS_IN_TRANS`).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use osprey_protocol::{
+    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, Request, Rows, SessionOpened, TransactionOutcome,
+};
+use osprey_sql::vars::{parse_set, Set};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::{debug, info, warn, Instrument};
+
+use super::handshake::{self, Login, CLIENT_DEPRECATE_EOF};
+use super::packet::{Cursor, PacketError, PacketReader, PacketWriter};
+use super::reply::{self, SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS};
+use super::state::{self, ClientState};
+use super::Front;
+use crate::admit::admit;
+use crate::admit::session::Sessions;
+use crate::ctx::Ctx;
+use crate::request::streams::{outbox, ClientShared, Inbox};
+
+const COM_QUIT: u8 = 0x01;
+const COM_INIT_DB: u8 = 0x02;
+const COM_QUERY: u8 = 0x03;
+const COM_FIELD_LIST: u8 = 0x04;
+const COM_STATISTICS: u8 = 0x09;
+const COM_PING: u8 = 0x0E;
+const COM_STMT_PREPARE: u8 = 0x16;
+const COM_STMT_EXECUTE: u8 = 0x17;
+const COM_STMT_SEND_LONG_DATA: u8 = 0x18;
+const COM_STMT_CLOSE: u8 = 0x19;
+const COM_STMT_RESET: u8 = 0x1A;
+const COM_SET_OPTION: u8 = 0x1B;
+const COM_RESET_CONNECTION: u8 = 0x1F;
+
+const SERVER_MORE_RESULTS_EXISTS: u16 = 0x0008;
+
+/// Before login, a client may not make us buffer more than a handshake response.
+const HANDSHAKE_MAX: usize = 8 * 1024;
+
+type Reader = PacketReader<OwnedReadHalf>;
+type Writer = PacketWriter<OwnedWriteHalf>;
+
+/// Serves one accepted connection until it ends.
+pub async fn serve(
+    ctx: Arc<Ctx>,
+    front: Arc<Front>,
+    socket: TcpStream,
+    peer: SocketAddr,
+    _permit: OwnedSemaphorePermit,
+) {
+    let id = ctx.next_conn_id();
+    let _ = socket.set_nodelay(true);
+    let span = tracing::info_span!("mysql", conn = id, %peer);
+    async move {
+        front.m().connections.inc();
+        serve_inner(&ctx, &front, socket, peer, id).await;
+        front.m().connections.dec();
+    }
+    .instrument(span)
+    .await
+}
+
+async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer: SocketAddr, id: u64) {
+    let (rd, wr) = socket.into_split();
+    let mut reader = PacketReader::new(rd, HANDSHAKE_MAX);
+    let mut writer = PacketWriter::new(wr, ctx.client_write_timeout());
+    let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
+    if front.auth_blocked(peer.ip()) {
+        writer.packet(&reply::err(
+            1129,
+            "HY000",
+            &format!(
+                "Host '{}' is blocked because of many connection errors; try again in a minute",
+                peer.ip()
+            ),
+        ));
+        let _ = writer.flush().await;
+        return;
+    }
+    // Only so many connections log in at once (the client port's bound, shared).
+    let Ok(Ok(_slot)) = tokio::time::timeout(limit, ctx.handshakes.clone().acquire_owned()).await else {
+        writer.packet(&reply::err(
+            1040,
+            "08004",
+            "Too many connections in handshake; try again",
+        ));
+        let _ = writer.flush().await;
+        return;
+    };
+    let nonce = handshake::nonce();
+    writer.packet(&handshake::greeting(&front.version(ctx), id as u32, &nonce));
+    let login = async {
+        writer.flush().await?;
+        handshake::login(&mut reader, &mut writer, &front.users, &nonce, &peer.ip().to_string()).await
+    };
+    let login = match tokio::time::timeout(limit, login).await {
+        Err(_) => {
+            debug!("no login within the handshake timeout");
+            return;
+        }
+        Ok(Err(e)) => {
+            info!("MySQL login refused: {e}");
+            if matches!(e, handshake::LoginError::Denied { .. }) {
+                front.auth_failed(peer.ip());
+            }
+            if let Some(p) = e.reply() {
+                writer.packet(&p);
+                let _ = writer.flush().await;
+            }
+            return;
+        }
+        Ok(Ok(login)) => login,
+    };
+    drop(_slot);
+    let Some(_user_slot) = front.user_slot(login.user) else {
+        writer.packet(&reply::err(
+            1203,
+            "42000",
+            &format!(
+                "User {} already has more than 'max_user_connections' active connections",
+                login.name
+            ),
+        ));
+        let _ = writer.flush().await;
+        return;
+    };
+    let user = &front.users[login.user];
+    if let Some(c) = &user.cluster {
+        if ctx.group_for(Some(c)).is_none() {
+            writer.packet(&reply::err(
+                1105,
+                "HY000",
+                &format!("osprey: user's cluster {c:?} is not configured"),
+            ));
+            let _ = writer.flush().await;
+            return;
+        }
+    }
+    debug!(user = %login.name, schema = ?login.schema, "MySQL client logged in");
+    reader.set_max(ctx.config.limits.max_payload.min(64 << 20));
+    let (out_tx, inbox) = outbox(
+        ctx.config.limits.client_write_queue,
+        ctx.config.limits.client_write_queue_bytes,
+    );
+    let shared = ClientShared::new(
+        id,
+        out_tx,
+        ctx.config.limits.max_streams_per_connection as usize,
+        0,
+        ctx.config.limits.max_request_bytes_per_connection,
+        ctx.metrics.clone(),
+    );
+    // Fair turns: each MySQL user is a tenant of its own, after the client tokens.
+    let tenant = (ctx.client_tokens.len() + login.user) as u32;
+    for group in &ctx.groups {
+        group.open_conn(id, tenant);
+    }
+    let mut conn = Conn {
+        ctx: ctx.clone(),
+        front: front.clone(),
+        state: ClientState::new(login.schema.clone(), login.collation),
+        login_state: ClientState::new(login.schema.clone(), login.collation),
+        cluster: user.cluster.clone(),
+        shared,
+        inbox,
+        sessions: Sessions::default(),
+        next_stream: 1,
+        session: None,
+        in_transaction: false,
+        sticky: None,
+        last_gtid: None,
+        deprecate_eof: login.caps & CLIENT_DEPRECATE_EOF != 0,
+        session_lost: false,
+        login,
+    };
+    // A database named at connect must exist, as on a server.
+    if let Some(db) = conn.state.schema.clone() {
+        if let Err(e) = conn.check_schema(&db).await {
+            let (errno, state, msg) = reply::error_of(&e);
+            writer.packet(&reply::err(errno, &state, &msg));
+            let _ = writer.flush().await;
+            conn.close().await;
+            return;
+        }
+    }
+    writer.packet(&reply::ok(0, 0, 0, conn.status(), 0));
+    if writer.flush().await.is_err() {
+        conn.close().await;
+        return;
+    }
+    let why = conn.run(&mut reader, &mut writer).await;
+    debug!("MySQL connection ends: {why}");
+    writer.shutdown().await;
+    conn.close().await;
+}
+
+/// Why the command loop ended.
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error("{0}")]
+    Packet(#[from] PacketError),
+    #[error("COM_QUIT")]
+    Quit,
+    #[error("idle past mysql.idle_timeout_ms")]
+    Idle,
+    #[error("the dispatcher is draining")]
+    Draining,
+    #[error("the pinned database session was lost")]
+    SessionLost,
+    #[error("osprey: {0}")]
+    Internal(String),
+}
+
+struct Conn {
+    ctx: Arc<Ctx>,
+    front: Arc<Front>,
+    login: Login,
+    /// What the client's statements must see.
+    state: ClientState,
+    /// The state right after login (COM_RESET_CONNECTION goes back to it).
+    login_state: ClientState,
+    cluster: Option<String>,
+    shared: Arc<ClientShared>,
+    inbox: Inbox,
+    sessions: Sessions,
+    next_stream: u32,
+    /// The stream of the open session, if the client is pinned.
+    session: Option<u32>,
+    /// The server said a transaction is open (only ever in a session).
+    in_transaction: bool,
+    /// Why the client stays pinned beyond its transaction.
+    sticky: Option<&'static str>,
+    /// Read-your-writes: the newest GTID this connection wrote.
+    last_gtid: Option<String>,
+    deprecate_eof: bool,
+    /// The session ended without the client (seen on its stream).
+    session_lost: bool,
+}
+
+/// What a statement's stream came back with.
+struct Answer {
+    end: End,
+    error: Option<ErrorBody>,
+    /// A result set was written (its terminator is written too).
+    had_rows: bool,
+}
+
+impl Conn {
+    fn status(&self) -> u16 {
+        let mut s = 0;
+        if self.state.autocommit {
+            s |= SERVER_STATUS_AUTOCOMMIT;
+        }
+        if self.in_transaction {
+            s |= SERVER_STATUS_IN_TRANS;
+        }
+        s
+    }
+
+    fn stream_id(&mut self) -> u32 {
+        let id = self.next_stream;
+        self.next_stream = self.next_stream.wrapping_add(2).max(1);
+        id
+    }
+
+    async fn run(&mut self, reader: &mut Reader, writer: &mut Writer) -> Ended {
+        let idle = Duration::from_millis(self.front.config.idle_timeout_ms);
+        loop {
+            // Between commands: a draining dispatcher lets a client go unless it is inside
+            // a transaction (that one may finish within drain_timeout).
+            let draining = self.ctx.draining.is_cancelled();
+            if draining && self.session.is_none() && !reader.buffered() {
+                return Ended::Draining;
+            }
+            let next = tokio::select! {
+                r = tokio::time::timeout(idle, reader.read(Some(0))) => r,
+                _ = self.ctx.draining.cancelled(), if !draining && self.session.is_none() => return Ended::Draining,
+            };
+            let (_, packet) = match next {
+                Err(_) => return Ended::Idle,
+                Ok(Err(PacketError::TooLarge { len, max })) => {
+                    writer.seq = 1;
+                    writer.packet(&reply::err(
+                        reply::ER_NET_PACKET_TOO_LARGE,
+                        "08S01",
+                        &format!("Got a packet bigger than 'max_allowed_packet' bytes ({len} > {max})"),
+                    ));
+                    let _ = writer.flush().await;
+                    return Ended::Packet(PacketError::TooLarge { len, max });
+                }
+                Ok(Err(e)) => return e.into(),
+                Ok(Ok(p)) => p,
+            };
+            writer.seq = 1;
+            let Some((&command, body)) = packet.split_first() else {
+                writer.packet(&reply::err(reply::ER_UNKNOWN_COM, "08S01", "Unknown command"));
+                if let Err(e) = writer.flush().await {
+                    return e.into();
+                }
+                continue;
+            };
+            self.front.m().command(command);
+            if let Err(ended) = self.command(command, body, writer).await {
+                return ended;
+            }
+            if let Err(e) = writer.flush().await {
+                return e.into();
+            }
+        }
+    }
+
+    async fn command(&mut self, command: u8, body: &[u8], w: &mut Writer) -> Result<(), Ended> {
+        // A session that ended while the client was idle (idle-in-transaction timeout, an
+        // operator, a lost worker): the client's transaction or state is gone.
+        self.take_session_news();
+        match command {
+            COM_QUIT => Err(Ended::Quit),
+            COM_PING => {
+                w.packet(&reply::ok(0, 0, 0, self.status(), 0));
+                Ok(())
+            }
+            COM_QUERY => {
+                let sql = String::from_utf8_lossy(body).into_owned();
+                self.query(&sql, w).await
+            }
+            COM_INIT_DB => {
+                let db = String::from_utf8_lossy(body).into_owned();
+                self.use_schema(db, w).await
+            }
+            COM_FIELD_LIST => {
+                let table = Cursor(body).cstr().unwrap_or(body);
+                let table = String::from_utf8_lossy(table).replace('`', "``");
+                self.field_list(&table, w).await
+            }
+            COM_STATISTICS => {
+                let m = &self.ctx.metrics;
+                let text = format!(
+                    "Uptime: {}  Threads: {}  Questions: {}  Slow queries: 0  Opens: 0  Open tables: 0  Queries per second avg: 0.000",
+                    self.front.started.elapsed().as_secs(),
+                    self.front.m().connections.get() + m.client_connections.get(),
+                    m.streams_opened.get(),
+                );
+                w.packet(text.as_bytes());
+                Ok(())
+            }
+            COM_RESET_CONNECTION => {
+                self.end_session();
+                self.state = self.login_state.clone();
+                self.sticky = None;
+                self.last_gtid = None;
+                w.packet(&reply::ok(0, 0, 0, self.status(), 0));
+                Ok(())
+            }
+            COM_SET_OPTION => {
+                // 0: multi-statements on, 1: off. This port runs one statement per
+                // COM_QUERY, as it advertised.
+                match Cursor(body).u16() {
+                    Some(1) => w.packet(&reply::eof(self.status(), 0)),
+                    _ => w.packet(&reply::err(
+                        1235,
+                        "42000",
+                        "osprey: multi-statements are not supported yet",
+                    )),
+                }
+                Ok(())
+            }
+            COM_STMT_PREPARE => {
+                // sysbench and other drivers fall back to client-side statements on 1295.
+                w.packet(&reply::err(
+                    reply::ER_UNSUPPORTED_PS,
+                    "HY000",
+                    "This command is not supported in the prepared statement protocol yet",
+                ));
+                Ok(())
+            }
+            COM_STMT_SEND_LONG_DATA | COM_STMT_CLOSE => Ok(()),
+            COM_STMT_EXECUTE | COM_STMT_RESET => {
+                let id = Cursor(body).u32().unwrap_or(0);
+                w.packet(&reply::err(
+                    1243,
+                    "HY000",
+                    &format!("Unknown prepared statement handler ({id}) given to mysqld_stmt_execute"),
+                ));
+                Ok(())
+            }
+            _ => {
+                w.packet(&reply::err(reply::ER_UNKNOWN_COM, "08S01", "Unknown command"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Frames of the session's own stream that came while no statement was running.
+    fn take_session_news(&mut self) {
+        while let Some(q) = self.inbox.try_recv() {
+            self.on_stray(q.frame);
+        }
+    }
+
+    /// A frame that is not for the statement being answered: only the session's stream
+    /// has any (its abort, its end); anything else is of a stream already given up.
+    fn on_stray(&mut self, frame: Frame) {
+        if Some(frame.stream) != self.session {
+            return;
+        }
+        match frame.kind {
+            Kind::Error | Kind::End => {
+                if frame.kind == Kind::Error {
+                    let why = frame.body::<ErrorBody>().map(|e| e.message).unwrap_or_default();
+                    warn!("pinned session ended: {why}");
+                }
+                self.session = None;
+                self.session_lost = true;
+            }
+            _ => {}
+        }
+    }
+
+    async fn query(&mut self, sql: &str, w: &mut Writer) -> Result<(), Ended> {
+        if self.session.is_none() && (self.in_transaction || self.sticky.is_some()) {
+            // Pinned state was lost with its session: the client must know.
+            return self.lost(w, None).await;
+        }
+        if let Some(db) = state::use_schema(sql) {
+            return self.use_schema(db, w).await;
+        }
+        if self.session.is_none() && state::is_plain_end(sql) {
+            // Nothing is open: the server would answer OK.
+            w.packet(&reply::ok(0, 0, 0, self.status(), 0));
+            return Ok(());
+        }
+        match parse_set(sql) {
+            Some(Set::Tracked(assignments)) => return self.set(sql, &assignments, w).await,
+            Some(Set::Other) => {}
+            None => {}
+        }
+        let pin = state::sticky_reason(sql);
+        let needs_session =
+            self.session.is_some() || !self.state.autocommit || osprey_sql::controls_session(sql) || pin.is_some();
+        if needs_session && self.session.is_none() {
+            if let Err(e) = self.open_session().await {
+                return self.error(w, &e);
+            }
+        }
+        if let Some(reason) = pin {
+            if self.sticky.is_none() {
+                self.front.m().pinned(reason);
+            }
+            self.sticky.get_or_insert(reason);
+        }
+        let request = self.request(sql.to_string());
+        let answer = self.execute(request, w, false).await?;
+        self.finish(answer, w).await
+    }
+
+    /// A SET of tracked variables: checked on a worker (which keeps them applied), then
+    /// remembered; in a session it runs there as written.
+    async fn set(&mut self, sql: &str, assignments: &[(String, String)], w: &mut Writer) -> Result<(), Ended> {
+        let Some(next) = self.state.with(assignments) else {
+            w.packet(&reply::err(
+                1231,
+                "42000",
+                "Variable 'autocommit' can't be set to the value given",
+            ));
+            return Ok(());
+        };
+        if self.session.is_some() {
+            let request = self.request(sql.to_string());
+            let answer = self.execute(request, w, false).await?;
+            if answer.error.is_none() {
+                self.state = next;
+            }
+            return self.finish(answer, w).await;
+        }
+        let only_autocommit = next.vars == self.state.vars;
+        if !only_autocommit {
+            let mut request = self.request("DO 0".into());
+            request.vars = next.request_vars(false);
+            let answer = self.execute(request, w, true).await?;
+            if let Some(e) = &answer.error {
+                return self.error(w, e);
+            }
+        }
+        self.state = next;
+        w.packet(&reply::ok(0, 0, 0, self.status(), 0));
+        Ok(())
+    }
+
+    async fn use_schema(&mut self, db: String, w: &mut Writer) -> Result<(), Ended> {
+        if self.session.is_some() {
+            let sql = format!("USE `{}`", db.replace('`', "``"));
+            let request = self.request(sql);
+            let answer = self.execute(request, w, false).await?;
+            if answer.error.is_none() {
+                self.state.schema = Some(db);
+            }
+            return self.finish(answer, w).await;
+        }
+        match self.check_schema(&db).await {
+            Ok(()) => {
+                self.state.schema = Some(db);
+                w.packet(&reply::ok(0, 0, 0, self.status(), 0));
+                Ok(())
+            }
+            Err(e) if is_lost(&e) => Err(Ended::Internal(e.message)),
+            Err(e) => self.error(w, &e),
+        }
+    }
+
+    /// Whether `db` can be the default database (the worker's `USE` says).
+    async fn check_schema(&mut self, db: &str) -> Result<(), ErrorBody> {
+        let mut request = self.request("DO 0".into());
+        request.schema = Some(db.to_string());
+        let mut sink = None;
+        match self.run_stream(request, &mut sink).await {
+            Ok(a) => a.error.map_or(Ok(()), Err),
+            Err(e) => Err(ErrorBody::undispatched(
+                Origin::Dispatcher,
+                ErrorCode::Internal,
+                e.to_string(),
+            )),
+        }
+    }
+
+    async fn field_list(&mut self, table: &str, w: &mut Writer) -> Result<(), Ended> {
+        let request = self.request(format!("SELECT * FROM `{table}` LIMIT 0"));
+        let mut columns = None;
+        let answer = {
+            let mut sink = Some(Sink::FieldList(&mut columns));
+            self.run_stream(request, &mut sink).await?
+        };
+        if let Some(e) = &answer.error {
+            return self.error(w, e);
+        }
+        for c in columns.unwrap_or_default() {
+            let mut p = reply::column(&c);
+            p.push(0xFB); // no default value
+            w.packet(&p);
+        }
+        w.packet(&reply::eof(self.status(), 0));
+        Ok(())
+    }
+
+    /// The REQUEST for `sql` as this client's state says: in its session, or with its
+    /// database, variables and read-your-writes position.
+    fn request(&self, sql: String) -> Request {
+        Request {
+            sql,
+            text_rows: true,
+            schema: self.state.schema.clone(),
+            vars: self.state.request_vars(self.session.is_some()),
+            cluster: self.cluster.clone(),
+            session: self.session,
+            causal_gtid: if self.session.is_none() {
+                self.last_gtid.clone()
+            } else {
+                None
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Runs one statement and writes its result set (if any) to the client; the OK or ERR
+    /// that ends it is for [`Conn::finish`]. `quiet`: write nothing (a check).
+    async fn execute(&mut self, request: Request, w: &mut Writer, quiet: bool) -> Result<Answer, Ended> {
+        let deprecate_eof = self.deprecate_eof;
+        let mut sink = (!quiet).then_some(Sink::Client { w, deprecate_eof });
+        let answer = self.run_stream(request, &mut sink).await?;
+        if let Some(Sink::Client { w, .. }) = sink {
+            if answer.had_rows {
+                // The terminator of the last result set, now that its status is known.
+                self.in_transaction = answer.end.in_transaction && self.session.is_some();
+                let status = self.status();
+                let warnings = answer.end.warnings.min(u32::from(u16::MAX)) as u16;
+                if self.deprecate_eof {
+                    w.packet(&reply::ok(0xFE, 0, 0, status, warnings));
+                } else {
+                    w.packet(&reply::eof(status, warnings));
+                }
+            }
+        }
+        Ok(answer)
+    }
+
+    /// Sends `request` through admission and reads its stream to the end, handing what
+    /// comes to `sink`.
+    async fn run_stream(&mut self, request: Request, sink: &mut Option<Sink<'_>>) -> Result<Answer, Ended> {
+        let stream = self.stream_id();
+        let frame = Frame::new(Kind::Request, stream, &request);
+        let draining = self.ctx.draining.is_cancelled();
+        if let Err(e) = admit(&self.ctx, &self.shared, &self.sessions, frame, draining).await {
+            return Err(Ended::Internal(e.message));
+        }
+        let mut answer = Answer {
+            end: End::default(),
+            error: None,
+            had_rows: false,
+        };
+        loop {
+            let Some(q) = self.inbox.recv().await else {
+                return Err(Ended::Internal("the answer queue closed".into()));
+            };
+            let frame = q.frame;
+            if frame.stream != stream {
+                self.on_stray(frame);
+                continue;
+            }
+            let bad = |e: osprey_protocol::ProtocolError| Ended::Internal(format!("bad frame from a worker: {e}"));
+            match frame.kind {
+                Kind::Columns => {
+                    let cols: Columns = frame.body().map_err(bad)?;
+                    if let Some(sink) = sink {
+                        sink.columns(cols, answer.had_rows, self.status()).await?;
+                    }
+                    answer.had_rows = true;
+                }
+                Kind::Rows => {
+                    let rows: Rows = frame.body().map_err(bad)?;
+                    if let Some(sink) = sink {
+                        sink.rows(&rows).await?;
+                    }
+                }
+                Kind::Error => answer.error = Some(frame.body().map_err(bad)?),
+                Kind::End => {
+                    answer.end = frame.body().map_err(bad)?;
+                    if answer.error.is_some() {
+                        answer.had_rows = false;
+                    }
+                    return Ok(answer);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Ends a statement: OK (or the result set's terminator, already written) or ERR, and
+    /// whether the client stays pinned.
+    async fn finish(&mut self, answer: Answer, w: &mut Writer) -> Result<(), Ended> {
+        let in_session = self.session.is_some();
+        if let Some(gtid) = &answer.end.gtid {
+            self.last_gtid = Some(gtid.clone());
+        }
+        if let Some(e) = &answer.error {
+            if in_session && (is_lost(e) || self.session_lost) {
+                return self.lost(w, e.transaction).await;
+            }
+            if !in_session && self.session_lost {
+                return self.lost(w, e.transaction).await;
+            }
+            self.in_transaction = in_session && answer.end.in_transaction;
+            self.error(w, e)?;
+        } else {
+            self.in_transaction = in_session && answer.end.in_transaction;
+            if !answer.had_rows {
+                let warnings = answer.end.warnings.min(u32::from(u16::MAX)) as u16;
+                w.packet(&reply::ok(
+                    0,
+                    answer.end.affected_rows,
+                    answer.end.last_insert_id.unwrap_or(0),
+                    self.status(),
+                    warnings,
+                ));
+            }
+        }
+        if self.session.is_some() && !self.in_transaction && self.sticky.is_none() {
+            self.end_session();
+        }
+        Ok(())
+    }
+
+    fn error(&self, w: &mut Writer, e: &ErrorBody) -> Result<(), Ended> {
+        let (errno, state, msg) = reply::error_of(e);
+        w.packet(&reply::err(errno, &state, &msg));
+        Ok(())
+    }
+
+    /// The pinned session is gone (its worker lost, an idle-in-transaction timeout, an
+    /// operator): ERR 08S01 and the connection closes, so that a driver's pool discards it
+    /// — never a silent move to another session.
+    async fn lost(&mut self, w: &mut Writer, outcome: Option<TransactionOutcome>) -> Result<(), Ended> {
+        let fate = match outcome {
+            Some(TransactionOutcome::Unknown) => "; the outcome of the COMMIT in flight is unknown",
+            Some(TransactionOutcome::RolledBack) => "; the open transaction was rolled back",
+            _ if self.in_transaction => "; the open transaction was rolled back",
+            _ => "",
+        };
+        w.packet(&reply::err(
+            reply::ER_CONNECTION_KILLED,
+            "08S01",
+            &format!("osprey: the database session this connection was pinned to was lost{fate}; reconnect"),
+        ));
+        let _ = w.flush().await;
+        Err(Ended::SessionLost)
+    }
+
+    /// Opens a session: a worker of the user's cluster's primary pinned to this client.
+    async fn open_session(&mut self) -> Result<(), ErrorBody> {
+        let stream = self.stream_id();
+        let request = Request {
+            open_session: true,
+            cluster: self.cluster.clone(),
+            ..Default::default()
+        };
+        let frame = Frame::new(Kind::Request, stream, &request);
+        let draining = self.ctx.draining.is_cancelled();
+        admit(&self.ctx, &self.shared, &self.sessions, frame, draining).await?;
+        let mut error = None;
+        loop {
+            let Some(q) = self.inbox.recv().await else {
+                return Err(ErrorBody::undispatched(
+                    Origin::Dispatcher,
+                    ErrorCode::Internal,
+                    "the answer queue closed",
+                ));
+            };
+            let frame = q.frame;
+            if frame.stream != stream {
+                self.on_stray(frame);
+                continue;
+            }
+            match frame.kind {
+                Kind::Session => {
+                    let opened: Result<SessionOpened, _> = frame.body();
+                    debug!(session = stream, member = ?opened.map(|o| o.member).ok(), "pinned");
+                    self.session = Some(stream);
+                    self.session_lost = false;
+                    self.in_transaction = false;
+                    self.front.m().sessions_opened.inc();
+                    return Ok(());
+                }
+                Kind::Error => error = frame.body::<ErrorBody>().ok(),
+                Kind::End => {
+                    return Err(error.unwrap_or_else(|| {
+                        ErrorBody::undispatched(Origin::Dispatcher, ErrorCode::Internal, "the session ended at once")
+                    }))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Ends the session (its worker is reset before anyone else uses it); its `END`
+    /// arrives later and is dropped.
+    fn end_session(&mut self) {
+        if let Some(stream) = self.session.take() {
+            self.shared.cancel(stream);
+        }
+        self.in_transaction = false;
+    }
+
+    async fn close(mut self) {
+        self.end_session();
+        self.shared.closed.store(true, Ordering::Relaxed);
+        self.shared.cancel_all();
+        for job in self.ctx.groups.iter().flat_map(|g| g.take_waiting_conn(self.shared.id)) {
+            drop(job);
+        }
+        // What is still on its way is dropped with the queue.
+        while self.inbox.try_recv().is_some() {}
+        let _ = &self.login;
+    }
+}
+
+/// Errors after which the session's database state is gone.
+fn is_lost(e: &ErrorBody) -> bool {
+    matches!(
+        e.code,
+        ErrorCode::SessionAborted
+            | ErrorCode::WorkerLost
+            | ErrorCode::DatabaseFatal
+            | ErrorCode::KeepaliveTimeout
+            | ErrorCode::Internal
+    )
+}
+
+/// Where a statement's result set goes.
+enum Sink<'a> {
+    Client {
+        w: &'a mut Writer,
+        deprecate_eof: bool,
+    },
+    /// COM_FIELD_LIST: the column definitions only.
+    FieldList(&'a mut Option<Vec<osprey_protocol::Column>>),
+}
+
+impl Sink<'_> {
+    async fn columns(&mut self, cols: Columns, after_another: bool, status: u16) -> Result<(), Ended> {
+        match self {
+            Sink::FieldList(out) => **out = Some(cols.columns),
+            Sink::Client { w, deprecate_eof } => {
+                if after_another {
+                    // A statement with several results (a CALL): the one before ends with
+                    // "more results".
+                    let status = status | SERVER_MORE_RESULTS_EXISTS;
+                    if *deprecate_eof {
+                        w.packet(&reply::ok(0xFE, 0, 0, status, 0));
+                    } else {
+                        w.packet(&reply::eof(status, 0));
+                    }
+                }
+                let mut count = Vec::with_capacity(9);
+                super::packet::put_lenenc_int(&mut count, cols.columns.len() as u64);
+                w.packet(&count);
+                for c in &cols.columns {
+                    w.packet(&reply::column(c));
+                }
+                if !*deprecate_eof {
+                    w.packet(&reply::eof(status, 0));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn rows(&mut self, rows: &Rows) -> Result<(), Ended> {
+        if let Sink::Client { w, .. } = self {
+            let mut p = Vec::new();
+            for row in &rows.rows {
+                p.clear();
+                reply::text_row(&mut p, row);
+                w.packet(&p);
+                if w.buffered() >= Writer::HIGH_WATER {
+                    w.flush().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

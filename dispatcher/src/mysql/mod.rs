@@ -1,0 +1,150 @@
+//! The MySQL protocol front end: every MySQL client, driver and tool reaches Osprey's
+//! pool, failover, routing and policies by pointing at this port (docs/MYSQL.md).
+//!
+//! - `packet.rs`: bounded MySQL packet reading and writing;
+//! - `handshake.rs`: the greeting and the login (`mysql_native_password`,
+//!   `caching_sha2_password` fast path, auth switch);
+//! - `state.rs`: what is kept per client (database, tracked variables, autocommit, pins);
+//! - `connection.rs`: the command loop; each statement goes through admission
+//!   (`crate::admit`) as an SDK client's does;
+//! - `reply.rs`: OK, ERR, EOF, column definitions, rows, and the error table.
+
+pub mod connection;
+pub mod handshake;
+pub mod packet;
+pub mod reply;
+pub mod state;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tracing::warn;
+
+use crate::config::{MysqlConfig, MysqlUser};
+use crate::ctx::Ctx;
+use crate::metrics::{Metrics, MysqlMetrics};
+
+/// Addresses whose failed logins are remembered at most (the oldest window is dropped).
+const MAX_TRACKED_ADDRESSES: usize = 10_000;
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// What every MySQL connection shares.
+pub struct Front {
+    pub config: MysqlConfig,
+    pub users: Vec<MysqlUser>,
+    metrics: Arc<Metrics>,
+    pub started: Instant,
+    per_user: Vec<Arc<AtomicUsize>>,
+    failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+}
+
+/// A connection counted against its user's `max_connections`.
+pub struct UserSlot(Arc<AtomicUsize>);
+
+impl Drop for UserSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Front {
+    pub fn new(config: MysqlConfig, metrics: Arc<Metrics>) -> Front {
+        let users = config.users.clone();
+        Front {
+            per_user: users.iter().map(|_| Arc::default()).collect(),
+            users,
+            config,
+            metrics,
+            started: Instant::now(),
+            failures: Mutex::default(),
+        }
+    }
+
+    pub fn m(&self) -> &MysqlMetrics {
+        &self.metrics.mysql
+    }
+
+    /// `<backend version>-osprey`, as the greeting shows it.
+    pub fn version(&self, ctx: &Ctx) -> String {
+        let backend = ctx
+            .groups
+            .iter()
+            .find_map(|g| g.server_version.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_else(|| "10.11.0-MariaDB".to_string());
+        format!("{backend}-osprey")
+    }
+
+    pub fn user_slot(&self, user: usize) -> Option<UserSlot> {
+        let count = self.per_user.get(user)?.clone();
+        let max = self.users[user].max_connections.unwrap_or(usize::MAX);
+        if count.fetch_add(1, Ordering::Relaxed) >= max {
+            count.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(UserSlot(count))
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, (Instant, u32)>> {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `ip` failed to log in too often within the last minute.
+    pub fn auth_blocked(&self, ip: IpAddr) -> bool {
+        let max = self.config.max_auth_failures_per_minute;
+        max > 0
+            && self
+                .failures()
+                .get(&ip)
+                .is_some_and(|(since, n)| since.elapsed() < FAILURE_WINDOW && *n >= max)
+    }
+
+    pub fn auth_failed(&self, ip: IpAddr) {
+        self.m().auth_failures.inc();
+        let mut f = self.failures();
+        if f.len() >= MAX_TRACKED_ADDRESSES && !f.contains_key(&ip) {
+            f.retain(|_, (since, _)| since.elapsed() < FAILURE_WINDOW);
+            if f.len() >= MAX_TRACKED_ADDRESSES {
+                return;
+            }
+        }
+        let e = f.entry(ip).or_insert((Instant::now(), 0));
+        if e.0.elapsed() >= FAILURE_WINDOW {
+            *e = (Instant::now(), 0);
+        }
+        e.1 += 1;
+    }
+}
+
+/// Accepts MySQL clients until the task is aborted (at the drain). Past
+/// `mysql.max_connections` a new connection gets ERR 1040 and is closed.
+pub async fn accept(ctx: Arc<Ctx>, front: Arc<Front>, listener: TcpListener) {
+    let limit = Arc::new(Semaphore::new(front.config.max_connections));
+    loop {
+        let (socket, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("MySQL accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match limit.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(connection::serve(ctx.clone(), front.clone(), socket, peer, permit));
+            }
+            Err(_) => {
+                tokio::spawn(async move {
+                    let (_, wr) = socket.into_split();
+                    let mut w = packet::PacketWriter::new(wr, Duration::from_secs(1));
+                    w.packet(&reply::err(reply::ER_CON_COUNT, "08004", "Too many connections"));
+                    let _ = w.flush().await;
+                });
+            }
+        }
+    }
+}

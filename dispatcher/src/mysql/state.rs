@@ -1,0 +1,205 @@
+//! What the MySQL front end keeps per client so that its statements can run on any
+//! worker: the database, the tracked session variables, autocommit, and why (if at all)
+//! the client is pinned to one database session.
+
+use osprey_sql::vars::{autocommit_value, Assignment};
+
+/// Why a client holds a pinned session beyond its transaction (the `pinned` metric's
+/// `reason` label). Only `COM_RESET_CONNECTION` (or the end of the connection) unpins.
+pub fn sticky_reason(sql: &str) -> Option<&'static str> {
+    let code = osprey_sql::code_text(sql).to_ascii_lowercase();
+    let has = |w: &str| code.contains(w);
+    let c = code.as_bytes();
+    let user_variable =
+        (0..c.len()).any(|i| c[i] == b'@' && c.get(i + 1) != Some(&b'@') && (i == 0 || c[i - 1] != b'@'));
+    if user_variable {
+        Some("user_variable")
+    } else if has("temporary") {
+        Some("temporary_table")
+    } else if has("get_lock") || has("lock tables") || has("lock table") || has("flush") {
+        Some("lock")
+    } else if has("sql_calc_found_rows") || has("found_rows") {
+        Some("found_rows")
+    } else if has("last_insert_id") {
+        Some("last_insert_id")
+    } else if osprey_sql::touches_session_state(sql) && !only_transaction_control(&code) {
+        let first = code.split_whitespace().next().unwrap_or("");
+        Some(match first {
+            "prepare" | "execute" | "deallocate" => "prepare",
+            "set" => "set",
+            "call" => "call",
+            "handler" => "handler",
+            _ => "session_state",
+        })
+    } else {
+        None
+    }
+}
+
+/// `BEGIN`, `START TRANSACTION …`, `COMMIT`, `ROLLBACK`, savepoints: what the open
+/// transaction (the server's status) accounts for, not sticky state.
+fn only_transaction_control(code: &str) -> bool {
+    let words: Vec<&str> = code.trim().trim_end_matches(';').split_whitespace().collect();
+    matches!(
+        words.as_slice(),
+        ["begin"]
+            | ["begin", "work"]
+            | ["commit", ..]
+            | ["rollback", ..]
+            | ["savepoint", _]
+            | ["release", "savepoint", _]
+            | ["start", "transaction", ..]
+    )
+}
+
+/// A client's session state, as its statements must see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientState {
+    /// The current database (`None`: the backend's configured one).
+    pub schema: Option<String>,
+    /// Tracked variables, in the order they were set, each name once (autocommit aside).
+    pub vars: Vec<Assignment>,
+    pub autocommit: bool,
+}
+
+impl ClientState {
+    /// At login: the user's or the client's database, and the client's character set when
+    /// it is not the workers' (utf8mb4_general_ci).
+    pub fn new(schema: Option<String>, collation: u8) -> ClientState {
+        let mut vars = Vec::new();
+        if let Some(names) = names_for(collation) {
+            vars.push(("names".to_string(), names.to_string()));
+        }
+        ClientState {
+            schema,
+            vars,
+            autocommit: true,
+        }
+    }
+
+    /// The state after `assignments` (of a tracked SET), autocommit taken apart.
+    pub fn with(&self, assignments: &[Assignment]) -> Option<ClientState> {
+        let mut next = self.clone();
+        for (name, value) in assignments {
+            if name == "autocommit" {
+                next.autocommit = autocommit_value(value)?;
+                continue;
+            }
+            // A character set setting replaces what SET NAMES said about it.
+            let touches_names = name.starts_with("character_set_") || name == "collation_connection";
+            next.vars
+                .retain(|(n, _)| n != name && !(name == "names" && n.starts_with("character_set_")));
+            if touches_names {
+                if let Some(i) = next.vars.iter().position(|(n, _)| n == "names") {
+                    // Keep the order meaningful: the NAMES first, then this change.
+                    let names = next.vars.remove(i);
+                    next.vars.insert(0, names);
+                }
+            }
+            next.vars.push((name.clone(), value.clone()));
+        }
+        Some(next)
+    }
+
+    /// The variables a statement runs under: the tracked ones, and `autocommit = 0` when
+    /// it is off (only ever in a session).
+    pub fn request_vars(&self, in_session: bool) -> Vec<Assignment> {
+        let mut v = self.vars.clone();
+        if in_session && !self.autocommit {
+            v.push(("autocommit".into(), "0".into()));
+        }
+        v
+    }
+}
+
+/// `SET NAMES` for a client collation id other than the workers' own.
+fn names_for(collation: u8) -> Option<&'static str> {
+    Some(match collation {
+        45 | 0 | 255 => return None,
+        8 => "latin1",
+        33 => "utf8mb3",
+        46 => "utf8mb4 COLLATE utf8mb4_bin",
+        224 => "utf8mb4 COLLATE utf8mb4_unicode_ci",
+        63 => "binary",
+        83 => "utf8mb3 COLLATE utf8mb3_bin",
+        47 => "latin1 COLLATE latin1_bin",
+        11 => "ascii",
+        28 => "gbk",
+        _ => return None,
+    })
+}
+
+/// Plain `COMMIT` or `ROLLBACK` (no savepoint, no chain/release): outside a transaction
+/// the front end answers them itself, as the server would (OK, nothing to do).
+pub fn is_plain_end(sql: &str) -> bool {
+    let code = osprey_sql::code_text(sql).to_ascii_lowercase();
+    let words: Vec<&str> = code.trim().trim_end_matches(';').split_whitespace().collect();
+    matches!(
+        words.as_slice(),
+        ["commit"] | ["commit", "work"] | ["rollback"] | ["rollback", "work"]
+    )
+}
+
+/// `USE db` as the front end reads it: the database name, unquoted.
+pub fn use_schema(sql: &str) -> Option<String> {
+    let code = osprey_sql::code_text(sql);
+    let trimmed = code.trim();
+    let head = trimmed.get(..4)?;
+    if !head.eq_ignore_ascii_case("use ") {
+        return None;
+    }
+    let start = code.len() - code.trim_start().len() + 4;
+    let name = sql.get(start..)?.trim().trim_end_matches(';').trim();
+    match name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) {
+        Some(quoted) if !quoted.is_empty() => Some(quoted.replace("``", "`")),
+        Some(_) => None,
+        None => (!name.is_empty() && !name.contains(|c: char| c.is_whitespace() || c == '`')).then(|| name.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_pins_and_why() {
+        assert_eq!(sticky_reason("SELECT @a := 1"), Some("user_variable"));
+        assert_eq!(
+            sticky_reason("CREATE TEMPORARY TABLE t (a int)"),
+            Some("temporary_table")
+        );
+        assert_eq!(sticky_reason("SELECT GET_LOCK('x', 1)"), Some("lock"));
+        assert_eq!(sticky_reason("SELECT SQL_CALC_FOUND_ROWS * FROM t"), Some("found_rows"));
+        assert_eq!(sticky_reason("PREPARE s FROM 'SELECT 1'"), Some("prepare"));
+        assert_eq!(sticky_reason("SELECT @@version, 'a@b'"), None);
+        assert_eq!(sticky_reason("UPDATE t SET a = 1"), None);
+        assert_eq!(sticky_reason("BEGIN"), None);
+        assert_eq!(sticky_reason("START TRANSACTION READ ONLY"), None);
+        assert_eq!(sticky_reason("BEGIN NOT ATOMIC SELECT 1; END"), Some("session_state"));
+    }
+
+    #[test]
+    fn state_follows_sets() {
+        let s = ClientState::new(None, 45);
+        let s = s
+            .with(&[("autocommit".into(), "OFF".into()), ("sql_mode".into(), "''".into())])
+            .unwrap();
+        assert!(!s.autocommit);
+        assert_eq!(s.request_vars(false), vec![("sql_mode".into(), "''".into())]);
+        assert_eq!(s.request_vars(true).last().unwrap().1, "0");
+        let s = s.with(&[("sql_mode".into(), "'ANSI'".into())]).unwrap();
+        assert_eq!(s.vars, vec![("sql_mode".into(), "'ANSI'".into())]);
+        assert!(s.with(&[("autocommit".into(), "maybe".into())]).is_none());
+        assert_eq!(ClientState::new(None, 8).vars[0].1, "latin1");
+    }
+
+    #[test]
+    fn use_and_plain_ends() {
+        assert_eq!(use_schema("USE sbtest"), Some("sbtest".into()));
+        assert_eq!(use_schema("use `my db`;"), Some("my db".into()));
+        assert_eq!(use_schema("user()"), None);
+        assert!(is_plain_end("COMMIT"));
+        assert!(is_plain_end("rollback work;"));
+        assert!(!is_plain_end("ROLLBACK TO SAVEPOINT a"));
+    }
+}
