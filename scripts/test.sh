@@ -16,11 +16,22 @@ fi
 if ! command -v rsync >/dev/null 2>&1; then
   packages+=(rsync)
 fi
+# The MySQL front end's real clients (tests/tests/mysql): sysbench and Python for PyMySQL.
+if ! command -v sysbench >/dev/null 2>&1; then
+  packages+=(sysbench)
+fi
+if ! command -v python3 >/dev/null 2>&1; then
+  packages+=(python3 python3-pip)
+fi
 if [ ${#packages[@]} -gt 0 ]; then
   echo "installing what the tests need with apt-get: ${packages[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
+if ! python3 -c 'import pymysql' >/dev/null 2>&1; then
+  echo "installing PyMySQL with pip (tests/tests/mysql)" >&2
+  python3 -m pip install -q pymysql 2>/dev/null || python3 -m pip install -q --break-system-packages pymysql
 fi
 # mariadbd lives in /usr/sbin, which a non-root PATH may lack.
 export PATH="$PATH:/usr/sbin"

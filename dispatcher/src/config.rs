@@ -65,6 +65,8 @@ pub struct MysqlConfig {
     pub max_connections: usize,
     /// A connection idle this long between commands is closed (MySQL's `wait_timeout`).
     pub idle_timeout_ms: u64,
+    /// A packet whose header came must be complete within this (MySQL's `net_read_timeout`).
+    pub read_timeout_ms: u64,
     /// Failed logins from one address within a minute before its next attempts are
     /// refused at once (ERR 1129-like, with 1045), for a minute.
     pub max_auth_failures_per_minute: u32,
@@ -78,6 +80,7 @@ impl Default for MysqlConfig {
             listen: None,
             max_connections: 4096,
             idle_timeout_ms: 28_800_000,
+            read_timeout_ms: 30_000,
             max_auth_failures_per_minute: 20,
             users: Vec::new(),
         }
@@ -549,8 +552,8 @@ impl Config {
 
     fn validate_mysql(&self) -> Result<(), String> {
         let m = &self.mysql;
-        if m.max_connections == 0 || m.idle_timeout_ms == 0 {
-            return Err("mysql.max_connections and mysql.idle_timeout_ms must be at least 1".into());
+        if m.max_connections == 0 || m.idle_timeout_ms == 0 || m.read_timeout_ms == 0 {
+            return Err("mysql.max_connections, idle_timeout_ms and read_timeout_ms must be at least 1".into());
         }
         let embedded = self.backend.is_none() && self.clusters.is_empty();
         if m.listen.is_some() && m.users.is_empty() && !embedded {

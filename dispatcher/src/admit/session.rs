@@ -47,6 +47,12 @@ impl Sessions {
         lines.insert(line.session.stream, line);
     }
 
+    /// Whether the session opened on stream `id` is still open (a front end asks after a
+    /// statement failed: was it the session that ended?).
+    pub fn is_open(&self, id: u32) -> bool {
+        self.get(id).is_some()
+    }
+
     /// The session opened on stream `id`, unless it ended.
     fn get(&self, id: u32) -> Option<Arc<Line>> {
         self.lines().get(&id).filter(|l| !l.ended()).cloned()

@@ -78,7 +78,7 @@ pub async fn serve(
 
 async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer: SocketAddr, id: u64) {
     let (rd, wr) = socket.into_split();
-    let mut reader = PacketReader::new(rd, HANDSHAKE_MAX);
+    let mut reader = PacketReader::new(rd, HANDSHAKE_MAX, Duration::from_millis(front.config.read_timeout_ms));
     let mut writer = PacketWriter::new(wr, ctx.client_write_timeout());
     let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
     if front.auth_blocked(peer.ip()) {
@@ -187,6 +187,8 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         last_gtid: None,
         deprecate_eof: login.caps & CLIENT_DEPRECATE_EOF != 0,
         session_lost: false,
+        row_count: -1,
+        last_insert_id: 0,
         login,
     };
     // A database named at connect must exist, as on a server.
@@ -251,6 +253,9 @@ struct Conn {
     deprecate_eof: bool,
     /// The session ended without the client (seen on its stream).
     session_lost: bool,
+    /// `ROW_COUNT()` and `LAST_INSERT_ID()` as the client's own statements left them.
+    row_count: i64,
+    last_insert_id: u64,
 }
 
 /// What a statement's stream came back with.
@@ -259,6 +264,8 @@ struct Answer {
     error: Option<ErrorBody>,
     /// A result set was written (its terminator is written too).
     had_rows: bool,
+    /// The session the statement was sent to.
+    session: Option<u32>,
 }
 
 impl Conn {
@@ -445,6 +452,44 @@ impl Conn {
             w.packet(&reply::ok(0, 0, 0, self.status(), 0));
             return Ok(());
         }
+        if let (None, Some(c)) = (self.session, state::counter_query(sql)) {
+            let (name, value, flags) = match c {
+                state::Counter::RowCount => ("ROW_COUNT()", self.row_count.to_string(), 0x8081u16),
+                state::Counter::LastInsertId => ("LAST_INSERT_ID()", self.last_insert_id.to_string(), 0x80A1),
+            };
+            let column = osprey_protocol::Column {
+                name: name.into(),
+                table: String::new(),
+                column_type: 8,
+                flags,
+                charset: 63,
+                length: 21,
+                decimals: 0,
+            };
+            let deprecate_eof = self.deprecate_eof;
+            let status = self.status();
+            let mut sink = Sink::Client { w, deprecate_eof };
+            sink.columns(
+                Columns {
+                    result_set: 0,
+                    columns: vec![column],
+                },
+                false,
+                status,
+            )
+            .await?;
+            sink.rows(&Rows {
+                rows: vec![vec![osprey_protocol::Value::Bytes(value.into_bytes())]],
+            })
+            .await?;
+            if deprecate_eof {
+                w.packet(&reply::ok(0xFE, 0, 0, status, 0));
+            } else {
+                w.packet(&reply::eof(status, 0));
+            }
+            self.row_count = -1;
+            return Ok(());
+        }
         match parse_set(sql) {
             Some(Set::Tracked(assignments)) => return self.set(sql, &assignments, w).await,
             Some(Set::Other) => {}
@@ -498,6 +543,7 @@ impl Conn {
             }
         }
         self.state = next;
+        self.row_count = 0;
         w.packet(&reply::ok(0, 0, 0, self.status(), 0));
         Ok(())
     }
@@ -611,6 +657,7 @@ impl Conn {
             end: End::default(),
             error: None,
             had_rows: false,
+            session: request.session,
         };
         loop {
             let Some(q) = self.inbox.recv().await else {
@@ -652,16 +699,29 @@ impl Conn {
     /// Ends a statement: OK (or the result set's terminator, already written) or ERR, and
     /// whether the client stays pinned.
     async fn finish(&mut self, answer: Answer, w: &mut Writer) -> Result<(), Ended> {
-        let in_session = self.session.is_some();
+        let in_session = self.session.is_some() || answer.session.is_some();
+        let sent_in = answer.session;
         if let Some(gtid) = &answer.end.gtid {
             self.last_gtid = Some(gtid.clone());
         }
+        self.row_count = match (&answer.error, answer.had_rows) {
+            (None, false) => answer.end.affected_rows as i64,
+            _ => -1,
+        };
+        if let Some(id) = answer.end.last_insert_id.filter(|id| *id != 0) {
+            self.last_insert_id = id;
+        }
         if let Some(e) = &answer.error {
-            if in_session && (is_lost(e) || self.session_lost) {
-                return self.lost(w, e.transaction).await;
-            }
-            if !in_session && self.session_lost {
-                return self.lost(w, e.transaction).await;
+            let ended = match sent_in {
+                Some(id) => is_lost(e) || self.session_lost || !self.sessions.is_open(id),
+                None => false,
+            };
+            if ended {
+                let outcome = match e.transaction {
+                    Some(t) => Some(t),
+                    None => self.session_outcome(sent_in.unwrap_or_default()).await,
+                };
+                return self.lost(w, outcome).await;
             }
             self.in_transaction = in_session && answer.end.in_transaction;
             self.error(w, e)?;
@@ -707,6 +767,27 @@ impl Conn {
         ));
         let _ = w.flush().await;
         Err(Ended::SessionLost)
+    }
+
+    /// What became of the transaction of the session opened on `id`, which ended: its
+    /// stream's ERROR says, and its END follows (the closed loop: it comes).
+    async fn session_outcome(&mut self, id: u32) -> Option<TransactionOutcome> {
+        let mut outcome = None;
+        let wait = async {
+            while let Some(q) = self.inbox.recv().await {
+                if q.frame.stream != id {
+                    continue;
+                }
+                match q.frame.kind {
+                    Kind::Error => outcome = q.frame.body::<ErrorBody>().ok().and_then(|e| e.transaction),
+                    Kind::End => break,
+                    _ => {}
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), wait).await;
+        self.session = None;
+        outcome
     }
 
     /// Opens a session: a worker of the user's cluster's primary pinned to this client.

@@ -223,11 +223,17 @@ where
         (NATIVE, None) => true,
         _ => false,
     };
-    let (plugin, answer) = if can(plugin) {
+    // A caching_sha2_password client that starts with no answer (libmariadb's plugin,
+    // when the greeting named another) waits to be switched to its own plugin.
+    let waits = plugin == SHA2 && r.auth.is_empty();
+    let (plugin, answer) = if can(plugin) && !waits {
         (plugin, r.auth.clone())
     } else {
-        // Auth switch: to native if the user has it, else to caching_sha2.
-        let to = if user.is_none_or(|u| u.native_hash.is_some()) {
+        // Auth switch: to caching_sha2 for a client that asked for it and a user that has
+        // its hash; else to native if the user has it; else to caching_sha2.
+        let to = if waits && can(SHA2) {
+            SHA2
+        } else if user.is_none_or(|u| u.native_hash.is_some()) {
             NATIVE
         } else {
             SHA2

@@ -23,6 +23,8 @@ pub enum PacketError {
     Sequence { got: u8, want: u8 },
     #[error("the client took none of our bytes for {0:?}")]
     WriteTimeout(Duration),
+    #[error("a packet begun was not finished within {0:?}")]
+    ReadTimeout(Duration),
 }
 
 /// The reading half: whole packets, their sequence ids checked.
@@ -31,14 +33,18 @@ pub struct PacketReader<R> {
     buf: BytesMut,
     /// The largest payload accepted (a whole command, continuation packets joined).
     max: usize,
+    /// Once a packet's header is in, the rest must come within this (MySQL's
+    /// `net_read_timeout`): a client that claims a length and stops holds nothing long.
+    body_timeout: Duration,
 }
 
 impl<R: AsyncRead + Unpin> PacketReader<R> {
-    pub fn new(io: R, max: usize) -> Self {
+    pub fn new(io: R, max: usize, body_timeout: Duration) -> Self {
         PacketReader {
             io,
             buf: BytesMut::new(),
             max,
+            body_timeout,
         }
     }
 
@@ -67,7 +73,10 @@ impl<R: AsyncRead + Unpin> PacketReader<R> {
                     max: self.max,
                 });
             }
-            self.fill(4 + len).await?;
+            let limit = self.body_timeout;
+            tokio::time::timeout(limit, self.fill(4 + len))
+                .await
+                .map_err(|_| PacketError::ReadTimeout(limit))??;
             self.buf.advance(4);
             payload.extend_from_slice(&self.buf.split_to(len));
             first_seq.get_or_insert(seq);
@@ -95,14 +104,6 @@ impl<R: AsyncRead + Unpin> PacketReader<R> {
     /// Whether bytes of a next command are already buffered.
     pub fn buffered(&self) -> bool {
         !self.buf.is_empty()
-    }
-
-    pub fn into_parts(self) -> (R, BytesMut) {
-        (self.io, self.buf)
-    }
-
-    pub fn from_parts(io: R, buf: BytesMut, max: usize) -> Self {
-        PacketReader { io, buf, max }
     }
 }
 
@@ -284,7 +285,7 @@ mod tests {
             w.flush().await.unwrap();
             w
         });
-        let mut r = PacketReader::new(b, 32 << 20);
+        let mut r = PacketReader::new(b, 32 << 20, Duration::from_secs(5));
         let (seq, p) = r.read(None).await.unwrap();
         assert_eq!((seq, &p[..]), (0, &b"\x03SELECT 1"[..]));
         let (seq, p) = r.read(Some(1)).await.unwrap();
@@ -296,7 +297,7 @@ mod tests {
     async fn a_packet_over_the_limit_is_refused_before_it_is_read() {
         let (mut a, b) = tokio::io::duplex(64);
         a.write_all(&[0xff, 0xff, 0x0f, 0]).await.unwrap();
-        let mut r = PacketReader::new(b, 1024);
+        let mut r = PacketReader::new(b, 1024, Duration::from_secs(5));
         assert!(matches!(r.read(None).await, Err(PacketError::TooLarge { .. })));
         let mut c = Cursor(&[0xFC, 1]);
         assert_eq!(c.lenenc_int(), None, "a truncated length is no panic");

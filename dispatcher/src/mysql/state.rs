@@ -20,7 +20,7 @@ pub fn sticky_reason(sql: &str) -> Option<&'static str> {
         Some("lock")
     } else if has("sql_calc_found_rows") || has("found_rows") {
         Some("found_rows")
-    } else if has("last_insert_id") {
+    } else if has("last_insert_id") && counter_query(sql).is_none() {
         Some("last_insert_id")
     } else if osprey_sql::touches_session_state(sql) && !only_transaction_control(&code) {
         let first = code.split_whitespace().next().unwrap_or("");
@@ -140,6 +140,29 @@ pub fn is_plain_end(sql: &str) -> bool {
     )
 }
 
+/// What a plain `SELECT ROW_COUNT()` or `SELECT LAST_INSERT_ID()` (nothing else in it)
+/// asks: the front end answers those from the client's own last OK when it is not pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    RowCount,
+    LastInsertId,
+}
+
+pub fn counter_query(sql: &str) -> Option<Counter> {
+    let code = osprey_sql::code_text(sql).to_ascii_lowercase();
+    let words: String = code
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    match words.as_str() {
+        "select row_count()" => Some(Counter::RowCount),
+        "select last_insert_id()" => Some(Counter::LastInsertId),
+        _ => None,
+    }
+}
+
 /// `USE db` as the front end reads it: the database name, unquoted.
 pub fn use_schema(sql: &str) -> Option<String> {
     let code = osprey_sql::code_text(sql);
@@ -201,5 +224,10 @@ mod tests {
         assert!(is_plain_end("COMMIT"));
         assert!(is_plain_end("rollback work;"));
         assert!(!is_plain_end("ROLLBACK TO SAVEPOINT a"));
+        assert_eq!(counter_query("select  ROW_COUNT() ;"), Some(Counter::RowCount));
+        assert_eq!(counter_query("SELECT LAST_INSERT_ID()"), Some(Counter::LastInsertId));
+        assert_eq!(counter_query("SELECT LAST_INSERT_ID() + 1"), None);
+        assert_eq!(sticky_reason("SELECT LAST_INSERT_ID()"), None);
+        assert_eq!(sticky_reason("SELECT LAST_INSERT_ID(5)"), Some("last_insert_id"));
     }
 }

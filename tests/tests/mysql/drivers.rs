@@ -1,0 +1,172 @@
+//! Real drivers: the Rust `mysql_async` crate (text protocol) and Python's PyMySQL.
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+
+use crate::{run, text, Rig};
+
+/// A transaction holds one worker from BEGIN to COMMIT and gives it back after; what it
+/// wrote is invisible to others until the COMMIT; autocommit off works like a driver
+/// that turns it off (PyMySQL, JDBC with setAutoCommit(false)).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_pin_a_worker_and_give_it_back() {
+    let rig = Rig::start("[sessions]\nmax_per_group = 2\n").await;
+    let mut a = rig.conn().await;
+    let mut b = rig.conn().await;
+    a.query_drop("DROP TABLE IF EXISTS tx").await.unwrap();
+    a.query_drop("CREATE TABLE tx (id INT PRIMARY KEY, v INT) ENGINE=InnoDB")
+        .await
+        .unwrap();
+    a.query_drop("BEGIN").await.unwrap();
+    a.query_drop("INSERT INTO tx VALUES (1, 10)").await.unwrap();
+    let seen: Option<i64> = b.query_first("SELECT COUNT(*) FROM tx").await.unwrap();
+    assert_eq!(seen, Some(0), "uncommitted row invisible to another client");
+    let inside: Option<i64> = a.query_first("SELECT COUNT(*) FROM tx").await.unwrap();
+    assert_eq!(inside, Some(1), "the transaction sees its own row");
+    let s = rig.cluster.dispatcher.admin_get("/sessions").await.unwrap();
+    assert_eq!(s.as_array().map(Vec::len), Some(1), "one pinned worker: {s}");
+    assert_eq!(s[0]["in_transaction"], true, "{s}");
+    a.query_drop("COMMIT").await.unwrap();
+    let seen: Option<i64> = b.query_first("SELECT COUNT(*) FROM tx").await.unwrap();
+    assert_eq!(seen, Some(1));
+    // Unpinned at the COMMIT: the worker went back (its RESET is on its way).
+    osprey_tests::harness::wait_for(Duration::from_secs(5), "the session ends", || async {
+        let s = rig.cluster.dispatcher.admin_get("/sessions").await.ok()?;
+        (s.as_array()?.is_empty()).then_some(())
+    })
+    .await
+    .unwrap();
+    // autocommit off: every statement is in a transaction until COMMIT or ROLLBACK.
+    a.query_drop("SET autocommit = 0").await.unwrap();
+    a.query_drop("INSERT INTO tx VALUES (2, 20)").await.unwrap();
+    a.query_drop("ROLLBACK").await.unwrap();
+    a.query_drop("INSERT INTO tx VALUES (3, 30)").await.unwrap();
+    a.query_drop("COMMIT").await.unwrap();
+    a.query_drop("SET autocommit = 1").await.unwrap();
+    let ids: Vec<i64> = b.query("SELECT id FROM tx ORDER BY id").await.unwrap();
+    assert_eq!(ids, vec![1, 3]);
+    drop(a);
+    drop(b);
+}
+
+/// Tracked variables follow the client from worker to worker without pinning it, and do
+/// not leak to another client on the same workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_variables_follow_the_client_without_pinning() {
+    let rig = Rig::start("[pool]\nsize = 3\n").await;
+    let mut a = rig.conn().await;
+    let mut b = rig.conn().await;
+    let baseline: (String, u64) = b
+        .query_first("SELECT @@time_zone, @@group_concat_max_len")
+        .await
+        .unwrap()
+        .unwrap();
+    a.query_drop("SET sql_mode = 'ANSI_QUOTES', time_zone = '+03:00', SESSION group_concat_max_len = 77")
+        .await
+        .unwrap();
+    a.query_drop("CREATE DATABASE IF NOT EXISTS drv_other").await.unwrap();
+    a.query_drop("USE drv_other").await.unwrap();
+    for _ in 0..20 {
+        let (mode, tz, len, db): (String, String, u64, String) = a
+            .query_first("SELECT @@sql_mode, @@time_zone, @@group_concat_max_len, DATABASE()")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (mode.as_str(), tz.as_str(), len, db.as_str()),
+            ("ANSI_QUOTES", "+03:00", 77, "drv_other")
+        );
+        let (tz, len, db): (String, u64, String) = b
+            .query_first("SELECT @@time_zone, @@group_concat_max_len, DATABASE()")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((tz, len), baseline.clone(), "nothing leaked to the other client");
+        assert_eq!(db, rig.primary().database());
+    }
+    let s = rig.cluster.dispatcher.admin_get("/sessions").await.unwrap();
+    assert_eq!(s.as_array().map(Vec::len), Some(0), "tracked state pins nothing: {s}");
+    // A wrong value fails the SET itself, with the server's own error.
+    let e = a.query_drop("SET time_zone = 'Nowhere/Else'").await.unwrap_err();
+    match e {
+        mysql_async::Error::Server(e) => assert_eq!(e.code, 1298, "{e:?}"),
+        e => panic!("{e:?}"),
+    }
+    // COM_RESET_CONNECTION: back to the login state.
+    a.reset().await.unwrap();
+    let (tz,): (String,) = a.query_first("SELECT @@time_zone").await.unwrap().unwrap();
+    assert_eq!(tz, "SYSTEM");
+    a.query_drop("DROP DATABASE drv_other").await.unwrap();
+}
+
+const PYMYSQL: &str = r#"
+import sys, pymysql
+host, port, user, password, db = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+c = pymysql.connect(host=host, port=port, user=user, password=password, database=db, charset="utf8mb4")
+cur = c.cursor()
+cur.execute("DROP TABLE IF EXISTS py_t")
+cur.execute("CREATE TABLE py_t (id INT PRIMARY KEY AUTO_INCREMENT, v VARCHAR(40), d DECIMAL(10,3), t DATETIME(3), b BLOB)")
+c.commit()
+cur.execute("INSERT INTO py_t (v, d, t, b) VALUES (%s, %s, %s, %s)", ("héllo", "12.345", "2024-01-02 03:04:05.678", b"\x00\x01\xff"))
+print("lastrowid", cur.lastrowid, "rowcount", cur.rowcount)
+c.rollback()
+cur.execute("SELECT COUNT(*) FROM py_t")
+print("after rollback", cur.fetchall())
+cur.executemany("INSERT INTO py_t (v) VALUES (%s)", [("a",), ("b",), (None,)])
+c.commit()
+cur.execute("SELECT id, v, d, t, b FROM py_t ORDER BY id")
+print(cur.description)
+print(cur.fetchall())
+c.autocommit(True)
+cur.execute("UPDATE py_t SET v = 'z' WHERE v IS NULL")
+print("updated", cur.rowcount)
+try:
+    cur.execute("INSERT INTO py_t (id) VALUES (%s)", (cur.lastrowid or 4,))
+    cur.execute("INSERT INTO py_t (id) VALUES (4)")
+except pymysql.err.IntegrityError as e:
+    print("error", e.args[0])
+cur.execute("SELECT @@autocommit, @@in_transaction")
+print(cur.fetchall())
+c.close()
+"#;
+
+/// PyMySQL (autocommit off by default, then on), its results compared with the same
+/// script run against the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pymysql_gets_what_the_database_gives() {
+    let rig = Rig::start("").await;
+    let p = rig.primary();
+    let script = |host: String, port: u16, user: &str, password: &str| {
+        vec![
+            "-c".to_string(),
+            PYMYSQL.to_string(),
+            host,
+            port.to_string(),
+            user.to_string(),
+            password.to_string(),
+            p.database().to_string(),
+        ]
+    };
+    let via = run(
+        "python3",
+        script(
+            rig.mysql.ip().to_string(),
+            rig.mysql.port(),
+            crate::USER,
+            crate::PASSWORD,
+        ),
+        None,
+    )
+    .await;
+    assert!(via.status.success(), "through osprey: {}", text(&via.stderr));
+    let direct = run(
+        "python3",
+        script(p.host().to_string(), p.port(), p.user(), p.password()),
+        None,
+    )
+    .await;
+    assert!(direct.status.success(), "direct: {}", text(&direct.stderr));
+    assert!(text(&via.stdout).contains("error 1062"), "{}", text(&via.stdout));
+    assert_eq!(text(&via.stdout), text(&direct.stdout));
+}

@@ -1,0 +1,206 @@
+//! Faults and hostile clients on the MySQL port: a worker killed inside a transaction,
+//! bytes that are not MySQL, a handshake that never ends. Each answered clearly, nothing
+//! else disturbed.
+
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::{run, text, Rig};
+
+/// Kill -9 of the worker pinned to a transaction: the next statement gets ERR 1927 with
+/// SQLSTATE 08S01 and the connection closes (a driver's pool discards it); the
+/// transaction's write is not there; other clients go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_inside_a_transaction_closes_the_connection_with_08s01() {
+    let rig = Rig::start("").await;
+    let mut setup = rig.conn().await;
+    setup.query_drop("DROP TABLE IF EXISTS killed").await.unwrap();
+    setup
+        .query_drop("CREATE TABLE killed (id INT PRIMARY KEY) ENGINE=InnoDB")
+        .await
+        .unwrap();
+    let mut a = rig.conn().await;
+    a.query_drop("BEGIN").await.unwrap();
+    a.query_drop("INSERT INTO killed VALUES (1)").await.unwrap();
+    let d = &rig.cluster.dispatcher;
+    let sessions = d.admin_get("/sessions").await.unwrap();
+    let slot = sessions[0]["slot"].as_u64().expect("a pinned slot");
+    let pid = d
+        .worker_pids()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|(s, _)| *s == slot)
+        .and_then(|(_, p)| p)
+        .expect("the pinned worker's pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let e = a.query_drop("INSERT INTO killed VALUES (2)").await.unwrap_err();
+    match &e {
+        mysql_async::Error::Server(s) => {
+            assert_eq!((s.code, s.state.as_str()), (1927, "08S01"), "{s:?}");
+            assert!(s.message.contains("rolled back"), "{s:?}");
+        }
+        other => panic!("expected ERR 1927/08S01, got {other:?}"),
+    }
+    assert!(
+        a.query_drop("SELECT 1").await.is_err(),
+        "the connection is closed after 08S01"
+    );
+    let n: Option<i64> = setup.query_first("SELECT COUNT(*) FROM killed").await.unwrap();
+    assert_eq!(n, Some(0), "the transaction's write was rolled back");
+    // The slot was refilled and others are served.
+    let mut c = rig.conn().await;
+    let one: Option<i64> = c.query_first("SELECT 1").await.unwrap();
+    assert_eq!(one, Some(1));
+}
+
+/// Reads the server's greeting; returns its scramble.
+async fn greeting(s: &mut TcpStream) -> Vec<u8> {
+    let mut head = [0u8; 4];
+    s.read_exact(&mut head).await.unwrap();
+    let len = usize::from(head[0]) | usize::from(head[1]) << 8 | usize::from(head[2]) << 16;
+    let mut p = vec![0u8; len];
+    s.read_exact(&mut p).await.unwrap();
+    assert_eq!(p[0], 10, "protocol 10");
+    let v_end = p.iter().position(|&b| b == 0).unwrap();
+    let rest = &p[v_end + 1..];
+    let mut nonce = rest[4..12].to_vec();
+    nonce.extend_from_slice(&rest[31..43]);
+    nonce
+}
+
+async fn read_packet(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut head = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut head))
+        .await
+        .ok()?
+        .ok()?;
+    let len = usize::from(head[0]) | usize::from(head[1]) << 8 | usize::from(head[2]) << 16;
+    let mut p = vec![0u8; len];
+    s.read_exact(&mut p).await.ok()?;
+    Some(p)
+}
+
+fn packet(seq: u8, payload: &[u8]) -> Vec<u8> {
+    let mut v = (payload.len() as u32).to_le_bytes()[..3].to_vec();
+    v.push(seq);
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A logged-in raw connection (mysql_native_password computed here).
+async fn logged_in(rig: &Rig) -> TcpStream {
+    use sha1::{Digest, Sha1};
+    let mut s = TcpStream::connect(rig.mysql).await.unwrap();
+    let nonce = greeting(&mut s).await;
+    let once = Sha1::digest(crate::PASSWORD.as_bytes());
+    let twice = Sha1::digest(once);
+    let mask = Sha1::new().chain_update(&nonce).chain_update(twice).finalize();
+    let answer: Vec<u8> = once.iter().zip(mask.iter()).map(|(a, m)| a ^ m).collect();
+    let caps: u32 = 0x200 | 0x8000 | 0x80000; // PROTOCOL_41, SECURE_CONNECTION, PLUGIN_AUTH
+    let mut p = caps.to_le_bytes().to_vec();
+    p.extend_from_slice(&(1u32 << 24).to_le_bytes());
+    p.push(45);
+    p.extend_from_slice(&[0; 23]);
+    p.extend_from_slice(crate::USER.as_bytes());
+    p.push(0);
+    p.push(20);
+    p.extend_from_slice(&answer);
+    p.extend_from_slice(b"mysql_native_password\0");
+    s.write_all(&packet(1, &p)).await.unwrap();
+    let ok = read_packet(&mut s).await.expect("login answered");
+    assert_eq!(ok[0], 0, "OK after login: {ok:?}");
+    s
+}
+
+fn err_code(p: &[u8]) -> u16 {
+    assert_eq!(p[0], 0xFF, "an ERR packet: {p:?}");
+    u16::from_le_bytes([p[1], p[2]])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors_and_disturbs_nothing() {
+    let rig = Rig::start_with(
+        "read_timeout_ms = 1000",
+        "[timeouts]\nhandshake_timeout_ms = 1000\n[limits]\nmax_payload = 1048576\n",
+    )
+    .await;
+    // A handshake response that is too short: "Bad handshake".
+    let mut s = TcpStream::connect(rig.mysql).await.unwrap();
+    greeting(&mut s).await;
+    s.write_all(&packet(1, &[0x00, 0x02])).await.unwrap();
+    let p = read_packet(&mut s).await.expect("an answer");
+    assert_eq!(err_code(&p), 1043);
+    // A handshake that never comes: closed after handshake_timeout_ms.
+    let mut s = TcpStream::connect(rig.mysql).await.unwrap();
+    greeting(&mut s).await;
+    let t0 = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("closed in time");
+    assert_eq!(n.unwrap_or(0), 0, "closed without an answer");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // A packet that claims 1000 bytes and sends 5: closed after mysql.read_timeout_ms.
+    let mut s = logged_in(&rig).await;
+    s.write_all(&[0xE8, 0x03, 0, 0, 0x03, b'S', b'E', b'L', b'E'])
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    assert!(read_packet(&mut s).await.is_none(), "closed, not waited on forever");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // The status flags: IN_TRANS from BEGIN until COMMIT (drivers read them).
+    let mut s = logged_in(&rig).await;
+    let status = |p: &[u8]| -> u16 {
+        assert_eq!(p[0], 0, "OK: {p:?}");
+        u16::from_le_bytes([p[3], p[4]])
+    };
+    s.write_all(&packet(0, b"\x03BEGIN")).await.unwrap();
+    assert_eq!(
+        status(&read_packet(&mut s).await.unwrap()) & 1,
+        1,
+        "IN_TRANS after BEGIN"
+    );
+    s.write_all(&packet(0, b"\x03COMMIT")).await.unwrap();
+    assert_eq!(
+        status(&read_packet(&mut s).await.unwrap()) & 3,
+        2,
+        "AUTOCOMMIT, not IN_TRANS"
+    );
+    // A command packet that claims more than the payload limit: refused before it is
+    // read (1153).
+    let mut s = logged_in(&rig).await;
+    let mut lying = vec![0xFF, 0xFF, 0xFF, 0];
+    lying.extend_from_slice(b"\x03SELECT 1");
+    s.write_all(&lying).await.unwrap();
+    let p = read_packet(&mut s).await.expect("an answer");
+    assert_eq!(err_code(&p), 1153);
+    assert!(read_packet(&mut s).await.is_none(), "closed after 1153");
+    // An unknown command: ERR 1047, the connection stays.
+    let mut s = logged_in(&rig).await;
+    s.write_all(&packet(0, &[0x7F, 1, 2, 3])).await.unwrap();
+    assert_eq!(err_code(&read_packet(&mut s).await.unwrap()), 1047);
+    s.write_all(&packet(0, &[0x0E])).await.unwrap(); // COM_PING
+    assert_eq!(read_packet(&mut s).await.unwrap()[0], 0, "still served");
+    // An empty command packet, then a truncated one: answered, not crashed on.
+    s.write_all(&packet(0, &[])).await.unwrap();
+    assert_eq!(err_code(&read_packet(&mut s).await.unwrap()), 1047);
+    s.write_all(&[0x10, 0, 0, 0, 0x03, b'S']).await.unwrap();
+    drop(s);
+    // A prepared statement: 1295, as a server without the protocol says.
+    let mut s = logged_in(&rig).await;
+    s.write_all(&packet(0, b"\x16SELECT ?")).await.unwrap();
+    assert_eq!(err_code(&read_packet(&mut s).await.unwrap()), 1295);
+    // Through all of it, the dispatcher serves the mariadb client as before.
+    let mut args = rig.osprey_args();
+    args.extend(["-N".into(), "-e".into(), "SELECT 6 * 7".into()]);
+    let out = run("mariadb", args, None).await;
+    assert_eq!(text(&out.stdout).trim(), "42", "{}", text(&out.stderr));
+}
