@@ -1,5 +1,7 @@
-//! Admin HTTP API (axum): status, pool resize, drain, clusters, delay and Prometheus metrics.
-//! Every route wants `Authorization: Bearer <admin_token>`.
+//! Admin HTTP API (axum): status, pool resize, drain, clusters, delay and Prometheus metrics,
+//! and the operations page (`ui.rs`). Every route wants `Authorization: Bearer
+//! <admin_token>`, but for the page's shell and assets (`/ui`, `/ui/app.js`, `/ui/app.css`),
+//! which hold no data.
 //!
 //! The server is our own accept loop over hyper's HTTP/1 connection, not `axum::serve`,
 //! which has no header-read timeout and no connection cap: request-less connections
