@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need when it is missing (MariaDB,
-# the Galera provider and rsync for the Galera sandbox), then runs exactly
+# the Galera provider and rsync for the Galera sandbox, chromium and chromedriver for the
+# operations page's browser test), then runs exactly
 # `cargo test --workspace` (extra arguments go to it). `.ci/run` calls this too, so the
 # two cannot drift: a test that needs a new package adds it here.
 set -euo pipefail
@@ -22,6 +23,14 @@ if ! command -v sysbench >/dev/null 2>&1; then
 fi
 if ! command -v python3 >/dev/null 2>&1; then
   packages+=(python3 python3-pip)
+fi
+# The operations page's browser test (tests/tests/ui.rs): headless chromium and its
+# WebDriver server. The test fails in CI (CI set) without them, and skips loudly elsewhere.
+if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ]; then
+  packages+=(chromium)
+fi
+if ! command -v chromedriver >/dev/null 2>&1; then
+  packages+=(chromium-driver)
 fi
 if [ ${#packages[@]} -gt 0 ]; then
   echo "installing what the tests need with apt-get: ${packages[*]}" >&2

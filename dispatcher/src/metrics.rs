@@ -8,6 +8,51 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+/// Names of the two series in [`Metrics::traffic`]'s own registry.
+const TRAFFIC_REQUESTS: &str = "requests";
+const TRAFFIC_LATENCY: &str = "latency";
+
+/// [`Metrics::traffic`]: requests by outcome and the latency histogram, cumulative.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrafficCounts {
+    /// `(outcome, requests)`.
+    pub outcomes: Vec<(String, u64)>,
+    /// `(upper bound in seconds, requests at or under it)`, ascending, `+Inf` last.
+    pub latency: Vec<(f64, u64)>,
+}
+
+impl TrafficCounts {
+    /// Reads the text exposition of the traffic registry (nothing else is in it).
+    fn parse(text: &str) -> TrafficCounts {
+        let mut out = TrafficCounts::default();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let label = |name: &str| {
+                let start = series.find(&format!("{name}=\""))? + name.len() + 2;
+                let len = series[start..].find('"')?;
+                Some(series[start..start + len].to_owned())
+            };
+            if series.starts_with(&format!("{TRAFFIC_REQUESTS}_total{{")) {
+                if let Some(outcome) = label("outcome") {
+                    out.outcomes.push((outcome, value as u64));
+                }
+            } else if series.starts_with(&format!("{TRAFFIC_LATENCY}_bucket{{")) {
+                if let Some(le) = label("le").and_then(|le| le.parse::<f64>().ok()) {
+                    out.latency.push((le, value as u64));
+                }
+            }
+        }
+        out.outcomes.sort();
+        out.latency.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
     pub outcome: &'static str,
@@ -86,6 +131,9 @@ pub struct Metrics {
     pub registry: Registry,
     /// Held while `/metrics` sets the per-slot series and encodes.
     scrape: std::sync::Mutex<()>,
+    /// `requests` and `latency` again (the same counters), alone: what the operations
+    /// page's traffic chart reads ([`Metrics::traffic`]) without encoding everything.
+    traffic: Registry,
     /// Galera: 1 for the node writes go to, 0 for the other members.
     pub galera_writer: Family<MemberLabel, Gauge>,
     /// Group Replication: 1 for the group's PRIMARY that writes go to, 0 for the others.
@@ -594,9 +642,13 @@ impl Metrics {
         let pipeline = register_pipeline_metrics(&mut registry);
         let sessions = register_session_metrics(&mut registry);
         let mysql = register_mysql_metrics(&mut registry);
+        let mut traffic = Registry::default();
+        traffic.register(TRAFFIC_REQUESTS, "", requests.clone());
+        traffic.register(TRAFFIC_LATENCY, "", latency.clone());
         Metrics {
             registry,
             scrape: std::sync::Mutex::new(()),
+            traffic,
             pipeline,
             sessions,
             mysql,
@@ -652,6 +704,15 @@ impl Metrics {
 
     pub fn outcome(&self, outcome: &'static str) {
         self.requests.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// The request counters by outcome and the latency histogram's buckets, as they are
+    /// now (cumulative since start), for the operations page.
+    pub fn traffic(&self) -> TrafficCounts {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.traffic);
+        TrafficCounts::parse(&text)
     }
 
     /// OpenMetrics text exposition. The per-slot series are as the last
@@ -716,6 +777,26 @@ mod tests {
             member: "m1".into(),
             slot,
         }
+    }
+
+    /// The page's traffic reading sees what `/metrics` counts: outcomes and every bucket.
+    #[test]
+    fn traffic_reads_the_request_counters_and_latency_buckets() {
+        let m = Metrics::new();
+        assert_eq!(m.traffic().outcomes, Vec::<(String, u64)>::new());
+        for _ in 0..3 {
+            m.outcome("ok");
+        }
+        m.outcome("SQL_BLOCKED");
+        m.latency.observe(0.000_01);
+        m.latency.observe(0.003);
+        m.latency.observe(1000.0);
+        let t = m.traffic();
+        assert_eq!(t.outcomes, [("SQL_BLOCKED".to_owned(), 1), ("ok".to_owned(), 3)]);
+        assert_eq!(t.latency.len(), 22, "21 bounds and +Inf: {:?}", t.latency);
+        assert_eq!(t.latency[0], (0.000_05, 1));
+        assert_eq!(t.latency[20].1, 2, "under ~52 s: {:?}", t.latency);
+        assert_eq!(t.latency[21], (f64::INFINITY, 3));
     }
 
     #[test]

@@ -231,6 +231,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         mysql = ?mysql_config.listen,
         tls = tls.is_some(),
         admin = %config.listen.admin,
+        ui = %format_args!("http://{}/ui", config.listen.admin),
         clusters = %ctx.clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(","),
         slots = initial,
         max_client_connections = fd_budget.max_client_connections,

@@ -1,5 +1,7 @@
-//! Admin HTTP API (axum): status, pool resize, drain, clusters, delay and Prometheus metrics.
-//! Every route wants `Authorization: Bearer <admin_token>`.
+//! Admin HTTP API (axum): status, pool resize, drain, clusters, delay and Prometheus metrics,
+//! and the operations page (`ui.rs`). Every route wants `Authorization: Bearer
+//! <admin_token>`, but for the page's shell and assets (`/ui`, `/ui/app.js`, `/ui/app.css`),
+//! which hold no data.
 //!
 //! The server is our own accept loop over hyper's HTTP/1 connection, not `axum::serve`,
 //! which has no header-read timeout and no connection cap: request-less connections
@@ -40,6 +42,7 @@ use tower::ServiceExt;
 use tracing::debug;
 
 use crate::admin::admission::{Admission, Admitted, Held};
+use crate::cluster::manager::ClusterReport;
 use crate::cluster::ClusterStatus;
 use crate::config;
 use crate::ctx::Ctx;
@@ -121,7 +124,7 @@ impl From<&ClusterStatus> for osprey_admin_api::ClusterStatus {
 }
 
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/status", get(status))
         .route("/pool/size", post(resize))
         .route("/drain", post(drain))
@@ -143,9 +146,13 @@ pub fn router(state: AdminState) -> Router {
             "/throttle",
             get(super::policy::throttle).post(super::policy::set_throttle),
         )
+        .route("/ui/events", get(super::ui::events))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
-        .with_state(state)
+        .with_state(state);
+    // The operations page's shell and assets hold no data: served without the token
+    // (the page asks for it, and every data call sends it).
+    api.merge(super::ui::pages())
 }
 
 async fn require_token(State(state): State<AdminState>, request: Request, next: Next) -> Response {
@@ -305,17 +312,20 @@ async fn resize(State(state): State<AdminState>, Json(body): Json<Resize>) -> Re
 }
 
 async fn clusters(State(state): State<AdminState>, Query(q): Query<ClusterQuery>) -> Response {
-    let reports: Vec<_> = state
-        .ctx
-        .clusters
-        .iter()
-        .filter(|c| q.cluster.as_deref().is_none_or(|n| n == c.name))
-        .map(|c| c.report())
-        .collect();
+    let reports = reports_of(&state.ctx, q.cluster.as_deref());
     if reports.is_empty() {
         return unknown_cluster(q.cluster.as_deref());
     }
     Json(serde_json::json!({ "clusters": reports })).into_response()
+}
+
+/// The clusters of `GET /cluster` (all, or the one named).
+pub(super) fn reports_of(ctx: &Ctx, cluster: Option<&str>) -> Vec<ClusterReport> {
+    ctx.clusters
+        .iter()
+        .filter(|c| cluster.is_none_or(|n| n == c.name))
+        .map(|c| c.report())
+        .collect()
 }
 
 async fn cluster_events(State(state): State<AdminState>, Query(q): Query<ClusterQuery>) -> Response {
@@ -346,11 +356,18 @@ async fn maintenance(State(state): State<AdminState>, Json(body): Json<Maintenan
 /// `GET /delay`: each cluster's delay probe (`enabled: false` for a cluster without one),
 /// with `eligible` as of now.
 async fn delay(State(state): State<AdminState>, Query(q): Query<ClusterQuery>) -> Response {
-    let clusters: Vec<serde_json::Value> = state
-        .ctx
-        .clusters
+    let clusters = delay_of(&state.ctx, q.cluster.as_deref());
+    if clusters.is_empty() {
+        return unknown_cluster(q.cluster.as_deref());
+    }
+    Json(serde_json::json!({ "clusters": clusters })).into_response()
+}
+
+/// The clusters of `GET /delay` (all, or the one named).
+pub(super) fn delay_of(ctx: &Ctx, cluster: Option<&str>) -> Vec<serde_json::Value> {
+    ctx.clusters
         .iter()
-        .filter(|c| q.cluster.as_deref().is_none_or(|n| n == c.name))
+        .filter(|c| cluster.is_none_or(|n| n == c.name))
         .map(|c| match c.delay.get() {
             Some(d) => {
                 let mut view = d.view.borrow().clone();
@@ -364,11 +381,7 @@ async fn delay(State(state): State<AdminState>, Query(q): Query<ClusterQuery>) -
             }
             None => serde_json::json!({ "cluster": c.name, "enabled": false }),
         })
-        .collect();
-    if clusters.is_empty() {
-        return unknown_cluster(q.cluster.as_deref());
-    }
-    Json(serde_json::json!({ "clusters": clusters })).into_response()
+        .collect()
 }
 
 /// `POST /delay/reset`: closes a member's probe session; the next round opens a new one.

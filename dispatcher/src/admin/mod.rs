@@ -4,5 +4,6 @@
 pub mod admission;
 pub mod http;
 pub mod policy;
+pub mod ui;
 
 pub use http::*;

@@ -27,10 +27,15 @@ pub struct TopQuery {
 /// `GET /digests`: the top digests by count and by total time, each with its state
 /// (`ok`, `counting`, `blocked`), and the settings in force.
 pub async fn top(State(state): State<AdminState>, Query(q): Query<TopQuery>) -> Response {
-    let i = &state.ctx.policy.intercept;
     let limit = q.limit.unwrap_or(TOP_DEFAULT).clamp(1, TOP_MAX);
+    Json(top_of(&state.ctx, limit)).into_response()
+}
+
+/// What `GET /digests` answers, with `limit` rows in each top list.
+pub(super) fn top_of(ctx: &Ctx, limit: usize) -> serde_json::Value {
+    let i = &ctx.policy.intercept;
     let s = i.settings();
-    Json(json!({
+    json!({
         "enabled": s.enabled,
         "slow_threshold_ms": s.slow_threshold.as_millis() as u64,
         "slow_count": s.slow_count,
@@ -39,8 +44,7 @@ pub async fn top(State(state): State<AdminState>, Query(q): Query<TopQuery>) -> 
         "by_count": i.top(TopBy::Count, limit),
         "by_time": i.top(TopBy::Time, limit),
         "blocked": i.blocked(),
-    }))
-    .into_response()
+    })
 }
 
 /// `GET /digests/blocked`.
@@ -116,14 +120,18 @@ pub async fn unblock(State(state): State<AdminState>, Path(id): Path<String>) ->
 
 /// `GET /throttle`: every throttled member (`cluster/member`), and the wait settings.
 pub async fn throttle(State(state): State<AdminState>) -> Response {
-    let t = &state.ctx.policy.throttle;
+    Json(throttle_of(&state.ctx)).into_response()
+}
+
+/// What `GET /throttle` answers.
+pub(super) fn throttle_of(ctx: &Ctx) -> serde_json::Value {
+    let t = &ctx.policy.throttle;
     let s = t.settings();
-    Json(json!({
+    json!({
         "wait_ms": s.wait.as_millis() as u64,
         "queue_capacity": s.queue_capacity,
         "members": t.status(),
-    }))
-    .into_response()
+    })
 }
 
 #[derive(Deserialize)]
