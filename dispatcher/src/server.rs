@@ -110,6 +110,15 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let admin_listener = listen::bind_tcp(config.listen.admin, 1024)
         .with_context(|| format!("binding admin listener {}", config.listen.admin))?;
     let mysql_listener = match mysql_config.listen {
+        // The embedded default's port is a convenience: taken by something else (another
+        // proxy on 6033), the tour goes on without it.
+        Some(addr) if config.mysql.listen.is_none() => match listen::bind_tcp(addr, 1024) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                warn!(%addr, "the embedded default's MySQL port is not available ({e}); set [mysql] listen");
+                None
+            }
+        },
         Some(addr) => Some(
             listen::bind_tcp(addr, 1024)
                 .with_context(|| format!("binding the MySQL listener {addr} ([mysql] listen)"))?,
@@ -215,7 +224,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         let front = Arc::new(crate::mysql::Front::new(mysql_config.clone(), ctx.metrics.clone()));
         tokio::spawn(crate::mysql::accept(ctx.clone(), front, listener))
     });
-    if !mysql_line.is_empty() {
+    if !mysql_line.is_empty() && mysql_task.is_some() {
         info!("MySQL port ready for any MySQL client: {mysql_line}");
     }
     tokio::spawn(signals(
