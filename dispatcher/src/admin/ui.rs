@@ -35,9 +35,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use super::http::{delay_of, reports_of, status_of};
 use super::policy::{throttle_of, top_of};
-use super::AdminState;
+use super::views::{delay_of, reports_of, status_of, AdminState};
 use crate::cluster::view::{ClusterStatus, ClusterView, MemberHealth, Role};
 use crate::metrics::{Metrics, TrafficCounts};
 
