@@ -260,10 +260,11 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         t.abort();
     }
     let drain_deadline = Instant::now() + Duration::from_millis(ctx.config.timeouts.drain_timeout_ms);
-    while ctx.metrics.client_connections.get() > 0 && Instant::now() < drain_deadline && !ctx.abort.is_cancelled() {
+    let connections = || ctx.metrics.client_connections.get() + ctx.metrics.mysql.connections.get();
+    while connections() > 0 && Instant::now() < drain_deadline && !ctx.abort.is_cancelled() {
         sleep(Duration::from_millis(20)).await;
     }
-    if ctx.metrics.client_connections.get() > 0 {
+    if connections() > 0 {
         warn!(
             open = ctx.metrics.streams_open.get(),
             "drain_timeout passed; failing what is left"

@@ -377,6 +377,15 @@ pub struct Request {
     /// For front ends that hand the text on (the MySQL front end).
     #[serde(default, skip_serializing_if = "is_false")]
     pub text_rows: bool,
+    /// Run as a prepared statement (protocol 1.6): the binary protocol and typed values
+    /// even without `params` (a front end whose client prepared the statement).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub prepared: bool,
+    /// Describe, do not run (protocol 1.6): the worker prepares `sql` and answers its
+    /// parameters' definitions (`COLUMNS` result set 0) and its result's columns (`COLUMNS`
+    /// result set 1, none for a statement without rows), then `END`. No `params`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub prepare_only: bool,
     /// The default database the request runs in (protocol 1.6; absent: the backend's
     /// configured one). The worker changes its session's database first if it differs.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "schema_text")]

@@ -28,7 +28,8 @@ pub const PROTOCOL_MAJOR: u16 = 1;
 /// `END.gtid` and `REQUEST.causal_gtid` (read-your-writes); 1.4 the worker link's
 /// pipelining (`STARTED`, `CANCEL` reason `reclaim`, several requests written at once);
 /// 1.5 sessions (`REQUEST.open_session`/`session`, `SESSION`, `RESET`, `END.in_transaction`,
-/// `ERROR.transaction`); 1.6 what a front end keeps per client (`REQUEST.text_rows`,
+/// `ERROR.transaction`); 1.6 what a front end needs (`REQUEST.text_rows`, `prepared`,
+/// `prepare_only`,
 /// `schema`, `vars`).
 pub const PROTOCOL_MINOR: u16 = 6;
 

@@ -155,6 +155,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             any::<bool>(),
             prop::option::of(any::<String>()),
             prop::collection::vec(any::<(String, String)>(), 0..3),
+            any::<(bool, bool)>(),
         ),
     )
         .prop_map(
@@ -167,7 +168,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 cluster,
                 causal_gtid,
                 (open_session, session),
-                (text_rows, schema, vars),
+                (text_rows, schema, vars, (prepared, prepare_only)),
             )| Request {
                 sql,
                 params,
@@ -181,6 +182,8 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 open_session,
                 session,
                 text_rows,
+                prepared,
+                prepare_only,
                 schema,
                 vars,
                 // Not on the wire: a decoded request always has None.

@@ -30,10 +30,6 @@ pub const TRACKED: &[&str] = &[
     "unique_checks",
     "innodb_lock_wait_timeout",
     "lock_wait_timeout",
-    "net_read_timeout",
-    "net_write_timeout",
-    "wait_timeout",
-    "interactive_timeout",
     "sql_quote_show_create",
     "sql_big_selects",
     "big_tables",
@@ -49,6 +45,29 @@ pub const TRACKED: &[&str] = &[
     "max_heap_table_size",
     "long_query_time",
     "names",
+];
+
+/// Connection timeouts a client may set (drivers do, at connect): acknowledged and not
+/// applied. The front end owns the client connection's timeouts (`[mysql]`), and applied
+/// to shared workers they would close the pool's own database sessions.
+pub const IGNORED: &[&str] = &[
+    "wait_timeout",
+    "interactive_timeout",
+    "net_read_timeout",
+    "net_write_timeout",
+];
+
+/// `sql_mode` flags that change how the server quotes (`ANSI_QUOTES`, and the modes that
+/// imply it) or escapes (`NO_BACKSLASH_ESCAPES`): Osprey's SQL scanner assumes the
+/// default, so a client that sets one is pinned (its own session), never tracked.
+const QUOTING_MODES: &[&str] = &[
+    "NO_BACKSLASH_ESCAPES",
+    "ANSI",
+    "ORACLE",
+    "MSSQL",
+    "DB2",
+    "POSTGRESQL",
+    "MAXDB",
 ];
 
 /// One `name = value` of a tracked `SET`, as the worker applies it: `name` lower case
@@ -71,10 +90,34 @@ pub fn check(name: &str, value: &str) -> Result<(), String> {
     if !TRACKED.contains(&name) {
         return Err(format!("{name:?} is not a tracked session variable"));
     }
-    if !is_literal(value) {
+    let plain = match name {
+        // `SET NAMES cs [COLLATE coll]`
+        "names" => match split_collate(value) {
+            (cs, Some(coll)) => is_literal(cs) && is_literal(coll),
+            (cs, None) => is_literal(cs),
+        },
+        _ => is_literal(value),
+    };
+    if !plain {
         return Err(format!("the value of {name} is not a plain literal: {value:?}"));
     }
+    if name == "sql_mode" && changes_quoting(value) {
+        return Err(format!("sql_mode {value}: a quoting mode is not tracked (it pins)"));
+    }
     Ok(())
+}
+
+/// `cs COLLATE coll` apart (any case, single spaces as [`parse_set`] writes it).
+fn split_collate(value: &str) -> (&str, Option<&str>) {
+    match value.to_ascii_lowercase().find(" collate ") {
+        Some(i) => (value[..i].trim(), Some(value[i + " collate ".len()..].trim())),
+        None => (value, None),
+    }
+}
+
+fn changes_quoting(sql_mode: &str) -> bool {
+    let upper = sql_mode.to_ascii_uppercase();
+    QUOTING_MODES.iter().any(|m| upper.contains(m))
 }
 
 /// The statement that applies `assignments` on a session (`SET NAMES` for `names`, one
@@ -119,10 +162,7 @@ fn parse_assignments(text: &str) -> Option<Vec<Assignment>> {
         let part = part.trim();
         if let Some(names) = strip_word(part, "names") {
             let names = names.trim();
-            let (charset, collate) = match names.to_ascii_lowercase().find(" collate ") {
-                Some(i) => (names[..i].trim(), Some(names[i + " collate ".len()..].trim())),
-                None => (names, None),
-            };
+            let (charset, collate) = split_collate(names);
             if !is_literal(charset) || collate.is_some_and(|c| !is_literal(c)) || is_default(charset) {
                 return None;
             }
@@ -166,6 +206,10 @@ fn parse_assignments(text: &str) -> Option<Vec<Assignment>> {
             lower
         };
         let name = name.trim_matches('`').to_string();
+        if IGNORED.contains(&name.as_str()) && is_literal(value) {
+            out.push((name, value.to_string()));
+            continue;
+        }
         if name == "names" || check(&name, value).is_err() {
             return None;
         }
@@ -254,9 +298,9 @@ mod tests {
     fn tracked_sets() {
         assert_eq!(tracked("SET autocommit=0"), vec![("autocommit".into(), "0".into())]);
         assert_eq!(
-            tracked("set @@session.sql_mode = 'ANSI', SESSION time_zone='+00:00';"),
+            tracked("set @@session.sql_mode = 'TRADITIONAL', SESSION time_zone='+00:00';"),
             vec![
-                ("sql_mode".into(), "'ANSI'".into()),
+                ("sql_mode".into(), "'TRADITIONAL'".into()),
                 ("time_zone".into(), "'+00:00'".into())
             ]
         );
@@ -291,11 +335,27 @@ mod tests {
             "SET autocommit=0; SELECT 1",
             "SET NAMES DEFAULT",
             "SET sql_mode = @x",
+            "SET sql_mode = 'ANSI'",
+            "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_BACKSLASH_ESCAPES'",
+            "SET sql_mode = 'oracle'",
         ] {
             assert_eq!(parse_set(sql), Some(Set::Other), "{sql}");
         }
         assert_eq!(parse_set("SELECT 1"), None);
         assert_eq!(parse_set("SETTLE"), None);
+    }
+
+    #[test]
+    fn names_with_a_collation_pass_the_workers_check() {
+        let a = tracked("SET NAMES utf8mb4 COLLATE utf8mb4_unicode_ci");
+        assert_eq!(check(&a[0].0, &a[0].1), Ok(()));
+        assert!(check("names", "utf8mb4 COLLATE x; DROP TABLE t").is_err());
+        assert!(check("names", "utf8mb4 COLLATE").is_err());
+        assert_eq!(
+            tracked("SET wait_timeout = 28800, sql_mode = 'STRICT_ALL_TABLES'").len(),
+            2
+        );
+        assert!(check("wait_timeout", "1").is_err(), "acknowledged, never applied");
     }
 
     #[test]

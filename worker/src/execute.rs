@@ -101,6 +101,9 @@ pub struct Executor {
     /// The database and tracked variables applied for requests that asked for them
     /// (`REQUEST.schema`/`vars`, protocol 1.6); empty after every reset.
     applied: Applied,
+    /// No statement of the session pinned to this worker has run yet (or none is pinned):
+    /// what it holds is not yet its client's.
+    session_fresh: bool,
 }
 
 /// What `REQUEST.schema` and `REQUEST.vars` have made of the session since its last reset.
@@ -146,6 +149,7 @@ impl Executor {
             memo: Default::default(),
             session_dirty: false,
             applied: Applied::default(),
+            session_fresh: true,
         }
     }
 
@@ -216,7 +220,7 @@ impl Executor {
         let in_session = request.session.is_some();
         let leaves_state = !in_session && (self.reset == SessionReset::Always || texts.iter().any(|f| f.touches_state));
         let out_of_sight = texts.iter().any(|f| f.out_of_sight);
-        if controls_session && !in_session {
+        if controls_session && !in_session && !request.prepare_only {
             return Err(refuse(ErrorCode::InvalidRequest, NEEDS_SESSION.into()));
         }
         for (name, value) in &request.vars {
@@ -258,7 +262,11 @@ impl Executor {
             } else {
                 texts[0].clone()
             };
-            preflight(&facts, &sql, &request.params, self.max_packet)
+            if request.prepare_only {
+                facts.check_text()
+            } else {
+                preflight(&facts, &sql, &request.params, self.max_packet)
+            }
         } else {
             request
                 .batch
@@ -306,11 +314,16 @@ impl Executor {
                 return Ok((outcome, 1));
             }
         };
+        if checked.request.session.is_some() && self.session_fresh && self.applied.serves(&checked.request) {
+            self.session_fresh = false;
+        }
         if !self.applied.serves(&checked.request) {
             if let Err(e) = self.apply(&checked.request).await {
                 self.tracker.finish(stream).await;
-                let fatal = e.is_fatal();
-                let (mut body, _) = error_body(&ExecError::from(e), None, false);
+                let e = Err::<(), _>(e);
+                let fatal = is_fatal(&e);
+                let Err(e) = e else { unreachable!() };
+                let (mut body, _) = error_body(&e, None, false);
                 // The statement itself never ran: nothing of it reached the database.
                 body.dispatched = false;
                 Emitter::new(link, &self.memo, stream, self.limits).fail(body).await?;
@@ -365,8 +378,18 @@ impl Executor {
             text_rows: request.text_rows,
             ..Summary::default()
         };
-        let result = if request.batch.is_empty() {
-            run_statement(&mut self.conn, &single_sql, &request.params, &mut out, &mut acc).await
+        let result = if request.prepare_only {
+            describe(&mut self.conn, &single_sql, &mut out).await
+        } else if request.batch.is_empty() {
+            run_statement(
+                &mut self.conn,
+                &single_sql,
+                &request.params,
+                request.prepared,
+                &mut out,
+                &mut acc,
+            )
+            .await
         } else {
             run_batch(
                 &mut self.conn,
@@ -535,28 +558,61 @@ impl Executor {
     /// Brings the session to the request's `schema` and `vars` (checked by `inspect`):
     /// only what it lacks is applied; a session that has other variables, or must go back
     /// to the configured database when there is none to `USE`, is reset first.
-    async fn apply(&mut self, request: &Request) -> Result<(), osprey_wire::Error> {
+    async fn apply(&mut self, request: &Request) -> Result<(), ExecError> {
+        let lost = |why: String| ExecError::Lost(format!("resetting the session to apply its variables failed: {why}"));
         let configured = self.conn.opts().database.clone().filter(|d| !d.is_empty());
-        let extends = request.vars.starts_with(&self.applied.vars);
-        let back_to_nothing = request.schema.is_none() && self.applied.schema.is_some() && configured.is_none();
-        if !extends || back_to_nothing {
-            self.reset().await.map_err(osprey_wire::Error::Refused)?;
-        }
+        // In a session after its first statement the state is its client's (it may have
+        // set things itself): never reset there, set what differs by name.
+        let own_session = request.session.is_some() && !self.session_fresh;
         let mut sql = Vec::new();
+        if own_session {
+            let wanted = |name: &str| request.vars.iter().find(|(n, _)| n == name);
+            for (name, value) in &request.vars {
+                if !self.applied.vars.iter().any(|(n, v)| n == name && v == value) {
+                    sql.extend(osprey_sql::vars::apply_statement(&[(name.clone(), value.clone())]));
+                }
+            }
+            for (name, _) in &self.applied.vars {
+                match name.as_str() {
+                    _ if wanted(name).is_some() => {}
+                    "autocommit" => sql.push("SET SESSION autocommit = 1".into()),
+                    // SET NAMES is only ever replaced, never dropped, within a session.
+                    "names" => {}
+                    _ => sql.push(format!("SET SESSION {name} = DEFAULT")),
+                }
+            }
+        } else {
+            let extends = request.vars.starts_with(&self.applied.vars);
+            let back_to_nothing = request.schema.is_none() && self.applied.schema.is_some() && configured.is_none();
+            if !extends || back_to_nothing {
+                self.reset().await.map_err(lost)?;
+            }
+            let new = &request.vars[self.applied.vars.len()..];
+            sql.extend(osprey_sql::vars::apply_statement(new));
+        }
         if self.applied.schema != request.schema {
             if let Some(db) = request.schema.as_ref().or(configured.as_ref()) {
-                sql.push(format!("USE `{}`", db.replace('`', "``")));
+                sql.insert(0, format!("USE `{}`", db.replace('`', "``")));
             }
         }
-        let new = &request.vars[self.applied.vars.len()..];
-        sql.extend(osprey_sql::vars::apply_statement(new));
         if !sql.is_empty() {
             let r = self.conn.query_drop(&sql.join("; ")).await;
-            // Part of it may have run: a reset puts the session back in a known state.
             if r.is_err() && !self.conn.is_broken() {
-                self.reset().await.map_err(osprey_wire::Error::Refused)?;
+                if own_session {
+                    // Part of it may have run on the client's own session: what it holds
+                    // now is unknown, and it cannot be reset under the client.
+                    // A failed SET changes nothing, but the USE before it may have run:
+                    // a database no request names makes the next one `USE` its own again.
+                    self.applied.schema = Some(String::new());
+                } else {
+                    // Part of it may have run: a reset puts the session back in a known state.
+                    self.reset().await.map_err(lost)?;
+                }
             }
             r?;
+        }
+        if request.session.is_some() {
+            self.session_fresh = false;
         }
         self.applied = Applied {
             schema: request.schema.clone(),
@@ -600,6 +656,7 @@ impl Executor {
         // Variables applied in the session (autocommit among them) need the full reset:
         // the ROLLBACK path turns autocommit back on behind `applied`'s back.
         let full = std::mem::take(&mut self.session_dirty) || self.applied != Applied::default();
+        self.session_fresh = true;
         let result = if self.dead {
             Err("the database session was lost".to_string())
         } else if full {
@@ -801,7 +858,7 @@ async fn run_batch(
             if let Some(reason) = tracker.reason(stream) {
                 return Err(ExecError::Stopped(reason));
             }
-            run_statement(conn, &st.sql, &st.params, out, acc).await?;
+            run_statement(conn, &st.sql, &st.params, false, out, acc).await?;
         }
         if let Some(reason) = tracker.reason(stream) {
             return Err(ExecError::Stopped(reason));
@@ -832,17 +889,28 @@ async fn run_statement(
     conn: &mut Session,
     sql: &str,
     params: &[Value],
+    prepared: bool,
     out: &mut Emitter<'_>,
     acc: &mut Summary,
 ) -> Result<(), ExecError> {
-    send_statement(conn, sql, params).await?;
+    send_statement(conn, sql, params, prepared).await?;
     stream_results(conn, out, acc).await
 }
 
-/// Sends one statement: `COM_QUERY` without parameters, else `COM_STMT_EXECUTE` of the
-/// cached prepared statement (prepared now on a miss: a round trip).
-async fn send_statement(conn: &mut Session, sql: &str, params: &[Value]) -> Result<(), ExecError> {
-    if params.is_empty() {
+/// `REQUEST.prepare_only`: the statement's parameters (result set 0) and result columns
+/// (result set 1), from the server's own prepare (kept in the statement cache).
+async fn describe(conn: &mut Session, sql: &str, out: &mut Emitter<'_>) -> Result<(), ExecError> {
+    let stmt = conn.prepare(sql).await?;
+    out.columns(stmt.params(), false).await?;
+    out.columns(&stmt.columns(), false).await?;
+    Ok(())
+}
+
+/// Sends one statement: `COM_QUERY` without parameters (unless `prepared`), else
+/// `COM_STMT_EXECUTE` of the cached prepared statement (prepared now on a miss: a round
+/// trip).
+async fn send_statement(conn: &mut Session, sql: &str, params: &[Value], prepared: bool) -> Result<(), ExecError> {
+    if params.is_empty() && !prepared {
         conn.send_query(sql)?;
     } else {
         // The server's own count of markers (the statement is cached, so this costs a

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use osprey_protocol::{
-    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, Request, Rows, SessionOpened, TransactionOutcome,
+    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, Request, Rows, SessionOpened, TransactionOutcome, Value,
 };
 use osprey_sql::vars::{parse_set, Set};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -26,6 +26,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use super::handshake::{self, Login, CLIENT_DEPRECATE_EOF};
 use super::packet::{Cursor, PacketError, PacketReader, PacketWriter};
+use super::prepared;
 use super::reply::{self, SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS};
 use super::state::{self, ClientState};
 use super::Front;
@@ -187,8 +188,11 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         last_gtid: None,
         deprecate_eof: login.caps & CLIENT_DEPRECATE_EOF != 0,
         session_lost: false,
+        lost_outcome: None,
         row_count: -1,
         last_insert_id: 0,
+        stmts: prepared::Statements::default(),
+        long_data_error: None,
         login,
     };
     // A database named at connect must exist, as on a server.
@@ -253,9 +257,15 @@ struct Conn {
     deprecate_eof: bool,
     /// The session ended without the client (seen on its stream).
     session_lost: bool,
+    /// What its `ERROR` said became of its transaction.
+    lost_outcome: Option<TransactionOutcome>,
     /// `ROW_COUNT()` and `LAST_INSERT_ID()` as the client's own statements left them.
     row_count: i64,
     last_insert_id: u64,
+    /// Its prepared statements.
+    stmts: prepared::Statements,
+    /// A `COM_STMT_SEND_LONG_DATA` that failed (it has no answer): the next EXECUTE's.
+    long_data_error: Option<prepared::StmtError>,
 }
 
 /// What a statement's stream came back with.
@@ -336,16 +346,33 @@ impl Conn {
         // A session that ended while the client was idle (idle-in-transaction timeout, an
         // operator, a lost worker): the client's transaction or state is gone.
         self.take_session_news();
+        if command != COM_QUIT && self.session.is_none() && (self.in_transaction || self.sticky.is_some()) {
+            // Pinned state was lost with its session: whatever the command, the client
+            // must know.
+            let outcome = self.lost_outcome.take();
+            return self.lost(w, outcome).await;
+        }
         match command {
             COM_QUIT => Err(Ended::Quit),
             COM_PING => {
                 w.packet(&reply::ok(0, 0, 0, self.status(), 0));
                 Ok(())
             }
-            COM_QUERY => {
-                let sql = String::from_utf8_lossy(body).into_owned();
-                self.query(&sql, w).await
-            }
+            COM_QUERY => match std::str::from_utf8(body) {
+                Ok(sql) => {
+                    let sql = sql.to_string();
+                    self.query(&sql, w).await
+                }
+                Err(_) => {
+                    w.packet(&reply::err(
+                        1366,
+                        "HY000",
+                        "osprey: statement text that is not UTF-8 (write binary literals as X'…' or bind them as \
+                         parameters of a prepared statement)",
+                    ));
+                    Ok(())
+                }
+            },
             COM_INIT_DB => {
                 let db = String::from_utf8_lossy(body).into_owned();
                 self.use_schema(db, w).await
@@ -370,6 +397,10 @@ impl Conn {
                 self.end_session();
                 self.state = self.login_state.clone();
                 self.sticky = None;
+                self.stmts = prepared::Statements::default();
+                self.long_data_error = None;
+                self.row_count = -1;
+                self.last_insert_id = 0;
                 self.last_gtid = None;
                 w.packet(&reply::ok(0, 0, 0, self.status(), 0));
                 Ok(())
@@ -388,22 +419,33 @@ impl Conn {
                 Ok(())
             }
             COM_STMT_PREPARE => {
-                // sysbench and other drivers fall back to client-side statements on 1295.
-                w.packet(&reply::err(
-                    reply::ER_UNSUPPORTED_PS,
-                    "HY000",
-                    "This command is not supported in the prepared statement protocol yet",
-                ));
+                let sql = String::from_utf8_lossy(body).into_owned();
+                self.prepare(sql, w).await
+            }
+            COM_STMT_EXECUTE => self.execute_prepared(body, w).await,
+            COM_STMT_SEND_LONG_DATA => {
+                // No answer: an error waits for the EXECUTE.
+                let limit = self.ctx.config.limits.max_request_bytes_per_connection;
+                if let Err(e) = self.stmts.long_data(body, limit) {
+                    self.long_data_error.get_or_insert(e);
+                }
+                w.seq = 0;
                 Ok(())
             }
-            COM_STMT_SEND_LONG_DATA | COM_STMT_CLOSE => Ok(()),
-            COM_STMT_EXECUTE | COM_STMT_RESET => {
+            COM_STMT_CLOSE => {
+                self.stmts.close(Cursor(body).u32().unwrap_or(0));
+                Ok(())
+            }
+            COM_STMT_RESET => {
                 let id = Cursor(body).u32().unwrap_or(0);
-                w.packet(&reply::err(
-                    1243,
-                    "HY000",
-                    &format!("Unknown prepared statement handler ({id}) given to mysqld_stmt_execute"),
-                ));
+                self.long_data_error = None;
+                match self.stmts.reset(id) {
+                    Ok(()) => w.packet(&reply::ok(0, 0, 0, self.status(), 0)),
+                    Err(e) => {
+                        let (errno, state) = e.errno();
+                        w.packet(&reply::err(errno, state, &e.to_string()));
+                    }
+                }
                 Ok(())
             }
             _ => {
@@ -427,11 +469,16 @@ impl Conn {
             return;
         }
         match frame.kind {
-            Kind::Error | Kind::End => {
-                if frame.kind == Kind::Error {
-                    let why = frame.body::<ErrorBody>().map(|e| e.message).unwrap_or_default();
-                    warn!("pinned session ended: {why}");
-                }
+            Kind::Error => {
+                let body = frame.body::<ErrorBody>().ok();
+                warn!(
+                    "pinned session ended: {}",
+                    body.as_ref().map_or("", |e| e.message.as_str())
+                );
+                self.lost_outcome = body.and_then(|e| e.transaction);
+                self.session_lost = true;
+            }
+            Kind::End => {
                 self.session = None;
                 self.session_lost = true;
             }
@@ -440,11 +487,29 @@ impl Conn {
     }
 
     async fn query(&mut self, sql: &str, w: &mut Writer) -> Result<(), Ended> {
+        self.statement(sql, None, w).await
+    }
+
+    /// One statement: from `COM_QUERY` (`params` None: the text protocol) or a prepared
+    /// statement's `COM_STMT_EXECUTE` (the binary protocol).
+    async fn statement(&mut self, sql: &str, params: Option<Vec<Value>>, w: &mut Writer) -> Result<(), Ended> {
         if self.session.is_none() && (self.in_transaction || self.sticky.is_some()) {
             // Pinned state was lost with its session: the client must know.
-            return self.lost(w, None).await;
+            let outcome = self.lost_outcome.take();
+            return self.lost(w, outcome).await;
         }
-        if let Some(db) = state::use_schema(sql) {
+        let text = params.is_none();
+        if text && state::several_statements(sql) {
+            // Multi-statements are not offered: as a server without them would.
+            w.packet(&reply::err(
+                1064,
+                "42000",
+                "You have an error in your SQL syntax: several statements in one query (osprey: multi-statements \
+                 are not enabled on this port)",
+            ));
+            return Ok(());
+        }
+        if let (true, Some(db)) = (text, state::use_schema(sql)) {
             return self.use_schema(db, w).await;
         }
         if self.session.is_none() && state::is_plain_end(sql) {
@@ -453,55 +518,32 @@ impl Conn {
             return Ok(());
         }
         if let (None, Some(c)) = (self.session, state::counter_query(sql)) {
-            let (name, value, flags) = match c {
-                state::Counter::RowCount => ("ROW_COUNT()", self.row_count.to_string(), 0x8081u16),
-                state::Counter::LastInsertId => ("LAST_INSERT_ID()", self.last_insert_id.to_string(), 0x80A1),
-            };
-            let column = osprey_protocol::Column {
-                name: name.into(),
-                table: String::new(),
-                column_type: 8,
-                flags,
-                charset: 63,
-                length: 21,
-                decimals: 0,
-            };
-            let deprecate_eof = self.deprecate_eof;
-            let status = self.status();
-            let mut sink = Sink::Client { w, deprecate_eof };
-            sink.columns(
-                Columns {
-                    result_set: 0,
-                    columns: vec![column],
-                },
-                false,
-                status,
-            )
-            .await?;
-            sink.rows(&Rows {
-                rows: vec![vec![osprey_protocol::Value::Bytes(value.into_bytes())]],
-            })
-            .await?;
-            if deprecate_eof {
-                w.packet(&reply::ok(0xFE, 0, 0, status, 0));
-            } else {
-                w.packet(&reply::eof(status, 0));
-            }
-            self.row_count = -1;
-            return Ok(());
+            return self.counter(c, !text, w).await;
         }
-        match parse_set(sql) {
-            Some(Set::Tracked(assignments)) => return self.set(sql, &assignments, w).await,
-            Some(Set::Other) => {}
-            None => {}
+        if let (true, Some(Set::Tracked(assignments))) = (text, parse_set(sql)) {
+            return self.set(sql, &assignments, w).await;
         }
+        if let Err(e) = self.place(sql).await {
+            return self.error(w, &e);
+        }
+        let mut request = self.request(sql.to_string());
+        if let Some(params) = params {
+            request.params = params;
+            request.prepared = true;
+            request.text_rows = false;
+        }
+        let answer = self.execute(request, w, false).await?;
+        self.finish(answer, w).await
+    }
+
+    /// Opens the session `sql` needs, if it needs one: a transaction (its control, or
+    /// autocommit off) or state that cannot be tracked (which then pins until reset).
+    async fn place(&mut self, sql: &str) -> Result<(), ErrorBody> {
         let pin = state::sticky_reason(sql);
         let needs_session =
             self.session.is_some() || !self.state.autocommit || osprey_sql::controls_session(sql) || pin.is_some();
         if needs_session && self.session.is_none() {
-            if let Err(e) = self.open_session().await {
-                return self.error(w, &e);
-            }
+            self.open_session().await?;
         }
         if let Some(reason) = pin {
             if self.sticky.is_none() {
@@ -509,9 +551,117 @@ impl Conn {
             }
             self.sticky.get_or_insert(reason);
         }
-        let request = self.request(sql.to_string());
-        let answer = self.execute(request, w, false).await?;
-        self.finish(answer, w).await
+        Ok(())
+    }
+
+    /// `SELECT ROW_COUNT()` / `SELECT LAST_INSERT_ID()` from the client's own last OK.
+    async fn counter(&mut self, c: state::Counter, binary: bool, w: &mut Writer) -> Result<(), Ended> {
+        let (name, value, flags) = match c {
+            state::Counter::RowCount => ("ROW_COUNT()", Value::Int(self.row_count), 0x8081u16),
+            state::Counter::LastInsertId => ("LAST_INSERT_ID()", Value::UInt(self.last_insert_id), 0x80A1),
+        };
+        let column = osprey_protocol::Column {
+            name: name.into(),
+            table: String::new(),
+            column_type: 8,
+            flags,
+            charset: 63,
+            length: 21,
+            decimals: 0,
+        };
+        let deprecate_eof = self.deprecate_eof;
+        let status = self.status();
+        let mut sink = Sink::Client {
+            w,
+            deprecate_eof,
+            binary,
+            columns: Vec::new(),
+        };
+        let columns = Columns {
+            result_set: 0,
+            columns: vec![column],
+        };
+        sink.columns(columns, false, status).await?;
+        sink.rows(&Rows {
+            rows: vec![vec![value]],
+        })
+        .await?;
+        if deprecate_eof {
+            w.packet(&reply::ok(0xFE, 0, 0, status, 0));
+        } else {
+            w.packet(&reply::eof(status, 0));
+        }
+        self.row_count = -1;
+        Ok(())
+    }
+
+    /// `COM_STMT_PREPARE`: the statement described by a worker (its parameters and
+    /// columns), kept under an id of the dispatcher's.
+    async fn prepare(&mut self, sql: String, w: &mut Writer) -> Result<(), Ended> {
+        if self.session.is_none() && (self.in_transaction || self.sticky.is_some()) {
+            let outcome = self.lost_outcome.take();
+            return self.lost(w, outcome).await;
+        }
+        let mut request = self.request(sql.clone());
+        request.prepare_only = true;
+        request.text_rows = false;
+        let mut sets = Vec::new();
+        let answer = {
+            let mut sink = Some(Sink::Describe(&mut sets));
+            self.run_stream(request, &mut sink).await?
+        };
+        if let Some(e) = &answer.error {
+            if answer.session.is_some() && (is_lost(e) || !self.sessions.is_open(answer.session.unwrap_or_default())) {
+                let outcome = self.session_outcome(answer.session.unwrap_or_default()).await;
+                return self.lost(w, outcome).await;
+            }
+            return self.error(w, e);
+        }
+        let mut sets = sets.into_iter();
+        let params = sets.next().unwrap_or_default();
+        let columns = sets.next().unwrap_or_default();
+        let id = match self.stmts.add(sql, params, columns) {
+            Ok(id) => id,
+            Err(e) => {
+                let (errno, state) = e.errno();
+                w.packet(&reply::err(errno, state, &e.to_string()));
+                return Ok(());
+            }
+        };
+        let p = self.stmts.get(id).expect("just added");
+        w.packet(&prepared::prepare_ok(id, p.columns.len(), p.params.len()));
+        for defs in [&p.params, &p.columns] {
+            if defs.is_empty() {
+                continue;
+            }
+            for c in defs.iter() {
+                w.packet(&reply::column(c));
+            }
+            if !self.deprecate_eof {
+                w.packet(&reply::eof(self.status(), 0));
+            }
+        }
+        Ok(())
+    }
+
+    /// `COM_STMT_EXECUTE`.
+    async fn execute_prepared(&mut self, body: &[u8], w: &mut Writer) -> Result<(), Ended> {
+        if let Some(e) = self.long_data_error.take() {
+            let (errno, state) = e.errno();
+            w.packet(&reply::err(errno, state, &e.to_string()));
+            return Ok(());
+        }
+        match self.stmts.execute(body) {
+            Ok((id, params)) => {
+                let sql = self.stmts.get(id).map(|p| p.sql.clone()).unwrap_or_default();
+                self.statement(&sql, Some(params), w).await
+            }
+            Err(e) => {
+                let (errno, state) = e.errno();
+                w.packet(&reply::err(errno, state, &e.to_string()));
+                Ok(())
+            }
+        }
     }
 
     /// A SET of tracked variables: checked on a worker (which keeps them applied), then
@@ -626,7 +776,13 @@ impl Conn {
     /// that ends it is for [`Conn::finish`]. `quiet`: write nothing (a check).
     async fn execute(&mut self, request: Request, w: &mut Writer, quiet: bool) -> Result<Answer, Ended> {
         let deprecate_eof = self.deprecate_eof;
-        let mut sink = (!quiet).then_some(Sink::Client { w, deprecate_eof });
+        let binary = request.prepared;
+        let mut sink = (!quiet).then_some(Sink::Client {
+            w,
+            deprecate_eof,
+            binary,
+            columns: Vec::new(),
+        });
         let answer = self.run_stream(request, &mut sink).await?;
         if let Some(Sink::Client { w, .. }) = sink {
             if answer.had_rows {
@@ -772,7 +928,11 @@ impl Conn {
     /// What became of the transaction of the session opened on `id`, which ended: its
     /// stream's ERROR says, and its END follows (the closed loop: it comes).
     async fn session_outcome(&mut self, id: u32) -> Option<TransactionOutcome> {
-        let mut outcome = None;
+        if self.session_lost && self.session.is_none() {
+            // Its frames were read already (`on_stray`).
+            return self.lost_outcome.take();
+        }
+        let mut outcome = self.lost_outcome.take();
         let wait = async {
             while let Some(q) = self.inbox.recv().await {
                 if q.frame.stream != id {
@@ -875,16 +1035,27 @@ enum Sink<'a> {
     Client {
         w: &'a mut Writer,
         deprecate_eof: bool,
+        /// Binary-protocol rows (a prepared statement's), by the current result's columns.
+        binary: bool,
+        columns: Vec<osprey_protocol::Column>,
     },
     /// COM_FIELD_LIST: the column definitions only.
     FieldList(&'a mut Option<Vec<osprey_protocol::Column>>),
+    /// A statement described (`prepare_only`): each result set's definitions.
+    Describe(&'a mut Vec<Vec<osprey_protocol::Column>>),
 }
 
 impl Sink<'_> {
     async fn columns(&mut self, cols: Columns, after_another: bool, status: u16) -> Result<(), Ended> {
         match self {
             Sink::FieldList(out) => **out = Some(cols.columns),
-            Sink::Client { w, deprecate_eof } => {
+            Sink::Describe(out) => out.push(cols.columns),
+            Sink::Client {
+                w,
+                deprecate_eof,
+                binary,
+                columns,
+            } => {
                 if after_another {
                     // A statement with several results (a CALL): the one before ends with
                     // "more results".
@@ -904,17 +1075,24 @@ impl Sink<'_> {
                 if !*deprecate_eof {
                     w.packet(&reply::eof(status, 0));
                 }
+                if *binary {
+                    *columns = cols.columns;
+                }
             }
         }
         Ok(())
     }
 
     async fn rows(&mut self, rows: &Rows) -> Result<(), Ended> {
-        if let Sink::Client { w, .. } = self {
+        if let Sink::Client { w, binary, columns, .. } = self {
             let mut p = Vec::new();
             for row in &rows.rows {
                 p.clear();
-                reply::text_row(&mut p, row);
+                if *binary {
+                    prepared::binary_row(&mut p, columns, row);
+                } else {
+                    reply::text_row(&mut p, row);
+                }
                 w.packet(&p);
                 if w.buffered() >= Writer::HIGH_WATER {
                     w.flush().await?;

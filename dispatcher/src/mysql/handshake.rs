@@ -220,7 +220,8 @@ where
     let can = |p: &str| match (p, user) {
         (NATIVE, Some(u)) => u.native_hash.is_some(),
         (SHA2, Some(u)) => u.sha2_hash.is_some(),
-        (NATIVE, None) => true,
+        // An unknown user looks like one with both hashes.
+        (NATIVE | SHA2, None) => true,
         _ => false,
     };
     // A caching_sha2_password client that starts with no answer (libmariadb's plugin,

@@ -7,11 +7,14 @@
 //! - `state.rs`: what is kept per client (database, tracked variables, autocommit, pins);
 //! - `connection.rs`: the command loop; each statement goes through admission
 //!   (`crate::admit`) as an SDK client's does;
+//! - `prepared.rs`: prepared statements (dispatcher ids, remembered parameter types,
+//!   long data, binary rows);
 //! - `reply.rs`: OK, ERR, EOF, column definitions, rows, and the error table.
 
 pub mod connection;
 pub mod handshake;
 pub mod packet;
+pub mod prepared;
 pub mod reply;
 pub mod state;
 

@@ -58,8 +58,15 @@ impl<R: AsyncRead + Unpin> PacketReader<R> {
         let mut payload = BytesMut::new();
         let mut first_seq = None;
         let mut next = want;
+        // The first header may take as long as the caller lets it (idle between commands);
+        // once it is in, the whole packet (continuations included) has one deadline.
+        self.fill(4).await?;
+        let deadline = tokio::time::Instant::now() + self.body_timeout;
         loop {
-            self.fill(4).await?;
+            let limit = self.body_timeout;
+            tokio::time::timeout_at(deadline, self.fill(4))
+                .await
+                .map_err(|_| PacketError::ReadTimeout(limit))??;
             let len = usize::from(self.buf[0]) | usize::from(self.buf[1]) << 8 | usize::from(self.buf[2]) << 16;
             let seq = self.buf[3];
             if let Some(w) = next {
@@ -73,8 +80,7 @@ impl<R: AsyncRead + Unpin> PacketReader<R> {
                     max: self.max,
                 });
             }
-            let limit = self.body_timeout;
-            tokio::time::timeout(limit, self.fill(4 + len))
+            tokio::time::timeout_at(deadline, self.fill(4 + len))
                 .await
                 .map_err(|_| PacketError::ReadTimeout(limit))??;
             self.buf.advance(4);
@@ -93,7 +99,8 @@ impl<R: AsyncRead + Unpin> PacketReader<R> {
 
     async fn fill(&mut self, n: usize) -> Result<(), PacketError> {
         while self.buf.len() < n {
-            self.buf.reserve((n - self.buf.len()).max(4096).min(n));
+            // Grown as bytes come, not by what a header claims.
+            self.buf.reserve((n - self.buf.len()).clamp(1, 64 * 1024));
             if self.io.read_buf(&mut self.buf).await? == 0 {
                 return Err(PacketError::Closed);
             }

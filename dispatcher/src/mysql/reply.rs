@@ -116,7 +116,6 @@ pub const ER_SERVER_SHUTDOWN: u16 = 1053;
 pub const ER_CONNECTION_KILLED: u16 = 1927;
 pub const ER_STATEMENT_TIMEOUT: u16 = 3024;
 pub const ER_NET_PACKET_TOO_LARGE: u16 = 1153;
-pub const ER_UNSUPPORTED_PS: u16 = 1295;
 /// A statement whose digest is blocked (Osprey's reserved number).
 pub const ER_OSPREY_BLOCKED: u16 = 9001;
 /// Too many sessions (pinned clients) on the cluster's primary.

@@ -85,6 +85,9 @@ impl ClientState {
                 next.autocommit = autocommit_value(value)?;
                 continue;
             }
+            if osprey_sql::vars::IGNORED.contains(&name.as_str()) {
+                continue;
+            }
             // A character set setting replaces what SET NAMES said about it.
             let touches_names = name.starts_with("character_set_") || name == "collation_connection";
             next.vars
@@ -163,6 +166,21 @@ pub fn counter_query(sql: &str) -> Option<Counter> {
     }
 }
 
+/// Whether `sql` holds several statements (`;` between code), which a server without
+/// multi-statements refuses. A compound statement (`BEGIN NOT ATOMIC … END`, `IF`, a loop)
+/// and a stored program's body are one statement.
+pub fn several_statements(sql: &str) -> bool {
+    let code = osprey_sql::code_text(sql);
+    let first = code.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+    let compound = [
+        "begin", "if", "case", "loop", "while", "repeat", "create", "alter", "declare",
+    ];
+    if compound.contains(&first.as_str()) || first.ends_with(':') {
+        return false;
+    }
+    code.split(';').filter(|p| !p.trim().is_empty()).count() > 1
+}
+
 /// `USE db` as the front end reads it: the database name, unquoted.
 pub fn use_schema(sql: &str) -> Option<String> {
     let code = osprey_sql::code_text(sql);
@@ -221,6 +239,10 @@ mod tests {
         assert_eq!(use_schema("USE sbtest"), Some("sbtest".into()));
         assert_eq!(use_schema("use `my db`;"), Some("my db".into()));
         assert_eq!(use_schema("user()"), None);
+        assert!(several_statements("SELECT 1; SELECT 2"));
+        assert!(!several_statements("SELECT 1;"));
+        assert!(!several_statements("SELECT ';'"));
+        assert!(!several_statements("BEGIN NOT ATOMIC SELECT 1; SELECT 2; END"));
         assert!(is_plain_end("COMMIT"));
         assert!(is_plain_end("rollback work;"));
         assert!(!is_plain_end("ROLLBACK TO SAVEPOINT a"));

@@ -43,9 +43,20 @@ async fn transactions_pin_a_worker_and_give_it_back() {
     a.query_drop("ROLLBACK").await.unwrap();
     a.query_drop("INSERT INTO tx VALUES (3, 30)").await.unwrap();
     a.query_drop("COMMIT").await.unwrap();
+    // A tracked SET inside the transaction keeps it (review finding: it reset the
+    // session, rolling back the write before it).
+    a.query_drop("INSERT INTO tx VALUES (4, 40)").await.unwrap();
+    a.query_drop("SET time_zone = '+01:00'").await.unwrap();
+    a.query_drop("INSERT INTO tx VALUES (5, 50)").await.unwrap();
+    a.query_drop("SET time_zone = '+02:00', sql_select_limit = 1000")
+        .await
+        .unwrap();
+    a.query_drop("COMMIT").await.unwrap();
     a.query_drop("SET autocommit = 1").await.unwrap();
     let ids: Vec<i64> = b.query("SELECT id FROM tx ORDER BY id").await.unwrap();
-    assert_eq!(ids, vec![1, 3]);
+    assert_eq!(ids, vec![1, 3, 4, 5]);
+    let (tz,): (String,) = a.query_first("SELECT @@time_zone").await.unwrap().unwrap();
+    assert_eq!(tz, "+02:00");
     drop(a);
     drop(b);
 }
@@ -62,7 +73,7 @@ async fn session_variables_follow_the_client_without_pinning() {
         .await
         .unwrap()
         .unwrap();
-    a.query_drop("SET sql_mode = 'ANSI_QUOTES', time_zone = '+03:00', SESSION group_concat_max_len = 77")
+    a.query_drop("SET sql_mode = 'NO_ZERO_DATE', time_zone = '+03:00', SESSION group_concat_max_len = 77")
         .await
         .unwrap();
     a.query_drop("CREATE DATABASE IF NOT EXISTS drv_other").await.unwrap();
@@ -75,7 +86,7 @@ async fn session_variables_follow_the_client_without_pinning() {
             .unwrap();
         assert_eq!(
             (mode.as_str(), tz.as_str(), len, db.as_str()),
-            ("ANSI_QUOTES", "+03:00", 77, "drv_other")
+            ("NO_ZERO_DATE", "+03:00", 77, "drv_other")
         );
         let (tz, len, db): (String, u64, String) = b
             .query_first("SELECT @@time_zone, @@group_concat_max_len, DATABASE()")
@@ -87,6 +98,26 @@ async fn session_variables_follow_the_client_without_pinning() {
     }
     let s = rig.cluster.dispatcher.admin_get("/sessions").await.unwrap();
     assert_eq!(s.as_array().map(Vec::len), Some(0), "tracked state pins nothing: {s}");
+    // SET NAMES with a collation is tracked too, and every later statement still runs.
+    a.query_drop("SET NAMES utf8mb4 COLLATE utf8mb4_unicode_ci")
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let (c,): (String,) = a.query_first("SELECT @@collation_connection").await.unwrap().unwrap();
+        assert_eq!(c, "utf8mb4_unicode_ci");
+    }
+    // Several statements in one query: refused as by a server without multi-statements.
+    let e = a.query_drop("SELECT 1; SELECT 2").await.unwrap_err();
+    assert!(
+        matches!(e, mysql_async::Error::Server(ref s) if s.code == 1064),
+        "{e:?}"
+    );
+    // A quoting mode changes how statements must be read: it pins the client instead.
+    a.query_drop("SET sql_mode = 'NO_BACKSLASH_ESCAPES'").await.unwrap();
+    let s = rig.cluster.dispatcher.admin_get("/sessions").await.unwrap();
+    assert_eq!(s.as_array().map(Vec::len), Some(1), "NO_BACKSLASH_ESCAPES pins: {s}");
+    let (bs,): (String,) = a.query_first(r"SELECT 'a\'").await.unwrap().unwrap();
+    assert_eq!(bs, r"a\", "the mode holds on the client's own session");
     // A wrong value fails the SET itself, with the server's own error.
     let e = a.query_drop("SET time_zone = 'Nowhere/Else'").await.unwrap_err();
     match e {
@@ -169,4 +200,98 @@ async fn pymysql_gets_what_the_database_gives() {
     assert!(direct.status.success(), "direct: {}", text(&direct.stderr));
     assert!(text(&via.stdout).contains("error 1062"), "{}", text(&via.stdout));
     assert_eq!(text(&via.stdout), text(&direct.stdout));
+}
+
+/// Prepared statements (the binary protocol, `mysql_async`'s `exec`): every core type
+/// bound as a parameter and read back, compared value by value with the same statements
+/// run straight against the primary; statements spread over several workers; many
+/// distinct statements stay bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_bind_and_return_what_the_database_does() {
+    use mysql_async::Value as V;
+    let rig = Rig::start("[pool]\nsize = 3\n").await;
+    let mut via = rig.conn().await;
+    let mut direct = rig.direct().await;
+    via.query_drop("DROP TABLE IF EXISTS ps_types").await.unwrap();
+    via.query_drop(
+        "CREATE TABLE ps_types (id INT PRIMARY KEY, ti TINYINT, us SMALLINT UNSIGNED, bi BIGINT, ub BIGINT UNSIGNED, \
+         f FLOAT, d DOUBLE, de DECIMAL(20,6), dt DATETIME(6), da DATE, tm TIME(6), y YEAR, vc VARCHAR(40), \
+         bl BLOB, bt BIT(12), j JSON, e ENUM('a','b')) DEFAULT CHARSET=utf8mb4",
+    )
+    .await
+    .unwrap();
+    let row = |id: i64| {
+        vec![
+            V::Int(id),
+            V::Int(-128),
+            V::UInt(65535),
+            V::Int(i64::MIN),
+            V::UInt(u64::MAX),
+            V::Float(2.718_281_7),
+            V::Double(-1.7976931348623157e308),
+            V::Bytes(b"-12345678901234.123456".to_vec()),
+            V::Date(2024, 2, 29, 23, 59, 59, 999_999),
+            V::Date(2000, 1, 1, 0, 0, 0, 0),
+            V::Time(true, 34, 22, 59, 59, 500_000),
+            V::Int(2155),
+            V::Bytes("ünïcödé ✓".as_bytes().to_vec()),
+            V::Bytes(vec![0, 1, 0xFF]),
+            V::Bytes(vec![0x0A, 0xAA]),
+            V::Bytes(br#"{"a": [1, null]}"#.to_vec()),
+            V::Bytes(b"b".to_vec()),
+        ]
+    };
+    let insert = "INSERT INTO ps_types VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    via.exec_drop(insert, row(1)).await.unwrap();
+    let mut nulls = row(2);
+    for v in nulls.iter_mut().skip(1) {
+        *v = V::NULL;
+    }
+    via.exec_drop(insert, nulls).await.unwrap();
+    for id in 3..=12 {
+        via.exec_drop(insert, row(id)).await.unwrap();
+    }
+    let select = "SELECT * FROM ps_types WHERE id >= ? ORDER BY id";
+    let a: Vec<mysql_async::Row> = via.exec(select, (1,)).await.unwrap();
+    let b: Vec<mysql_async::Row> = direct.exec(select, (1,)).await.unwrap();
+    assert_eq!(a.len(), 12);
+    for (ra, rb) in a.iter().zip(&b) {
+        let (va, vb): (Vec<V>, Vec<V>) = (ra.clone().unwrap(), rb.clone().unwrap());
+        assert_eq!(va, vb, "binary row through osprey vs direct");
+        let names = |r: &mysql_async::Row| {
+            r.columns_ref()
+                .iter()
+                .map(|c| (c.name_str().into_owned(), c.column_type()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(ra), names(rb));
+    }
+    // Expressions and an empty result, the affected rows and last insert id of an execute.
+    let e: Vec<(i64, String, Option<f64>)> = via.exec("SELECT ? + 1, CONCAT(?, 'x'), NULL", (41, "a")).await.unwrap();
+    assert_eq!(e, vec![(42, "ax".to_string(), None)]);
+    let none: Vec<(i64,)> = via.exec("SELECT id FROM ps_types WHERE id = ?", (999,)).await.unwrap();
+    assert!(none.is_empty());
+    let r = via
+        .exec_iter("UPDATE ps_types SET ti = ? WHERE id > ?", (1, 10))
+        .await
+        .unwrap();
+    assert_eq!(r.affected_rows(), 2);
+    drop(r);
+    // A prepared transaction (sysbench prepares BEGIN and COMMIT too).
+    via.exec_drop("BEGIN", ()).await.unwrap();
+    via.exec_drop("DELETE FROM ps_types WHERE id = ?", (12,)).await.unwrap();
+    via.exec_drop("ROLLBACK", ()).await.unwrap();
+    let n: Option<i64> = direct.query_first("SELECT COUNT(*) FROM ps_types").await.unwrap();
+    assert_eq!(n, Some(12), "the prepared ROLLBACK undid the delete");
+    // Many distinct statements: each prepared and closed by the driver's cache; the
+    // dispatcher's table and the workers' caches stay bounded.
+    for i in 0..600 {
+        let v: Option<i64> = via.exec_first(format!("SELECT ? + {i}"), (1,)).await.unwrap();
+        assert_eq!(v, Some(1 + i));
+    }
+    let bad = via.exec_drop("SELEC ?", (1,)).await.unwrap_err();
+    assert!(
+        matches!(bad, mysql_async::Error::Server(ref e) if e.code == 1064),
+        "{bad:?}"
+    );
 }

@@ -148,6 +148,12 @@ async fn bad_input_gets_clear_errors_and_disturbs_nothing() {
         .expect("closed in time");
     assert_eq!(n.unwrap_or(0), 0, "closed without an answer");
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // Statement text that is not UTF-8: a clear error, the connection stays.
+    let mut s = logged_in(&rig).await;
+    s.write_all(&packet(0, b"\x03SELECT '\xff\xfe'")).await.unwrap();
+    assert_eq!(err_code(&read_packet(&mut s).await.unwrap()), 1366);
+    s.write_all(&packet(0, &[0x0E])).await.unwrap();
+    assert_eq!(read_packet(&mut s).await.unwrap()[0], 0, "still served");
     // A packet that claims 1000 bytes and sends 5: closed after mysql.read_timeout_ms.
     let mut s = logged_in(&rig).await;
     s.write_all(&[0xE8, 0x03, 0, 0, 0x03, b'S', b'E', b'L', b'E'])
@@ -194,13 +200,65 @@ async fn bad_input_gets_clear_errors_and_disturbs_nothing() {
     assert_eq!(err_code(&read_packet(&mut s).await.unwrap()), 1047);
     s.write_all(&[0x10, 0, 0, 0, 0x03, b'S']).await.unwrap();
     drop(s);
-    // A prepared statement: 1295, as a server without the protocol says.
+    // Prepared statements: PREPARE_OK with the dispatcher's id and the server's counts;
+    // an EXECUTE of an id never given, or cut short, is an error, not a crash.
     let mut s = logged_in(&rig).await;
     s.write_all(&packet(0, b"\x16SELECT ?")).await.unwrap();
-    assert_eq!(err_code(&read_packet(&mut s).await.unwrap()), 1295);
+    let ok = read_packet(&mut s).await.unwrap();
+    assert_eq!(
+        (ok[0], u16::from_le_bytes([ok[7], ok[8]])),
+        (0, 1),
+        "PREPARE_OK, 1 parameter: {ok:?}"
+    );
+    let id = u32::from_le_bytes([ok[1], ok[2], ok[3], ok[4]]);
+    // One parameter and one column definition, each list ended by an EOF (no DEPRECATE_EOF).
+    for _ in 0..2 {
+        assert_ne!(read_packet(&mut s).await.unwrap()[0], 0xFE, "a definition");
+        assert_eq!(read_packet(&mut s).await.unwrap()[0], 0xFE, "its EOF");
+    }
+    let mut unknown = vec![0x17];
+    unknown.extend_from_slice(&(id + 100).to_le_bytes());
+    unknown.extend_from_slice(&[0, 1, 0, 0, 0]);
+    s.write_all(&packet(0, &unknown)).await.unwrap();
+    assert_eq!(err_code(&read_packet(&mut s).await.unwrap()), 1243);
+    let mut short = vec![0x17];
+    short.extend_from_slice(&id.to_le_bytes());
+    short.extend_from_slice(&[0, 1, 0, 0, 0, 0, 1, 0x08]);
+    s.write_all(&packet(0, &short)).await.unwrap();
+    assert_eq!(err_code(&read_packet(&mut s).await.unwrap()), 1210);
     // Through all of it, the dispatcher serves the mariadb client as before.
     let mut args = rig.osprey_args();
     args.extend(["-N".into(), "-e".into(), "SELECT 6 * 7".into()]);
     let out = run("mariadb", args, None).await;
     assert_eq!(text(&out.stdout).trim(), "42", "{}", text(&out.stderr));
+}
+
+/// SIGTERM: a MySQL client inside a transaction finishes it during the drain; one
+/// between statements is let go; the dispatcher exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_lets_an_open_mysql_transaction_commit() {
+    let mut rig = Rig::start("[timeouts]\ndrain_timeout_ms = 5000\n").await;
+    let mut setup = rig.conn().await;
+    setup.query_drop("DROP TABLE IF EXISTS drained").await.unwrap();
+    setup
+        .query_drop("CREATE TABLE drained (id INT PRIMARY KEY) ENGINE=InnoDB")
+        .await
+        .unwrap();
+    let mut a = rig.conn().await;
+    a.query_drop("BEGIN").await.unwrap();
+    a.query_drop("INSERT INTO drained VALUES (1)").await.unwrap();
+    rig.cluster.dispatcher.signal(nix::sys::signal::Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.query_drop("INSERT INTO drained VALUES (2)").await.unwrap();
+    a.query_drop("COMMIT").await.unwrap();
+    // Between statements now: the connection is let go, and the dispatcher exits.
+    let code = rig.cluster.dispatcher.wait_exit(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(code, Some(0));
+    let mut direct = rig.direct().await;
+    let n: Option<i64> = direct.query_first("SELECT COUNT(*) FROM drained").await.unwrap();
+    assert_eq!(n, Some(2), "the transaction open at SIGTERM committed");
+    assert!(
+        setup.query_drop("SELECT 1").await.is_err(),
+        "idle connections were closed"
+    );
 }

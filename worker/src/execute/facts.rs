@@ -71,6 +71,12 @@ impl Facts {
     }
 
     /// The checks of the text against `params` parameters (the packet size aside).
+    /// What is refused whatever the parameters (a statement only described,
+    /// `REQUEST.prepare_only`).
+    pub(crate) fn check_text(&self) -> Result<(), String> {
+        self.refused.map_or(Ok(()), |why| Err(why.into()))
+    }
+
     pub(crate) fn check_params(&self, params: usize) -> Result<(), String> {
         // The worker has no files to give (osprey-wire answers a request the scan misses
         // with an empty file, which breaks the session if statements are pipelined behind

@@ -121,6 +121,8 @@ impl Executor {
             && (c.request.timeout_ms == 0 || c.server_timeout.is_some())
             && !c.out_of_sight
             && self.applied.serves(&c.request)
+            && !c.request.prepared
+            && !c.request.prepare_only
     }
 
     /// Runs `head` and, pipelined behind it, the requests queued after it that qualify.
@@ -144,7 +146,7 @@ impl Executor {
                 debug!(error = %e, "preparing a pipeline variant failed");
             }
         }
-        let unsent = send_statement(&mut self.conn, &head.sql, &head.request.params)
+        let unsent = send_statement(&mut self.conn, &head.sql, &head.request.params, false)
             .await
             .err();
         let mut slots = VecDeque::from([Slot { checked: head, unsent }]);
