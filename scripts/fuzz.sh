@@ -14,13 +14,13 @@ shift || true
 if [ $# -gt 0 ]; then
   targets=("$@")
 else
-  targets=(frame_decoder body_decoder request sql_scanner)
+  targets=(frame_decoder body_decoder request sql_scanner mysql_packets)
 fi
 # cargo-fuzz passes -Z sanitizer flags; this lets the stable toolchain accept them.
 export RUSTC_BOOTSTRAP=1
 for t in "${targets[@]}"; do
   case $t in
-    sql_scanner) dict=fuzz/dicts/sql.dict ;;
+    sql_scanner | mysql_packets) dict=fuzz/dicts/sql.dict ;;
     *) dict=fuzz/dicts/msgpack.dict ;;
   esac
   mkdir -p "fuzz/corpus/$t"

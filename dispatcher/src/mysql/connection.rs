@@ -24,11 +24,14 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, info, warn, Instrument};
 
-use super::handshake::{self, Login, CLIENT_DEPRECATE_EOF};
-use super::packet::{Cursor, PacketError, PacketReader, PacketWriter};
-use super::prepared;
-use super::reply::{self, SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS};
-use super::state::{self, ClientState};
+use osprey_mysql::codec::Cursor;
+use osprey_mysql::handshake::{self, CLIENT_DEPRECATE_EOF};
+use osprey_mysql::prepared;
+use osprey_mysql::reply::{self, SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS};
+use osprey_mysql::state::{self, ClientState};
+
+use super::login::{self, Login};
+use super::packet::{PacketError, PacketReader, PacketWriter};
 use super::Front;
 use crate::admit::admit;
 use crate::admit::session::Sessions;
@@ -104,11 +107,11 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         let _ = writer.flush().await;
         return;
     };
-    let nonce = handshake::nonce();
+    let nonce = login::nonce();
     writer.packet(&handshake::greeting(&front.version(ctx), id as u32, &nonce));
     let login = async {
         writer.flush().await?;
-        handshake::login(&mut reader, &mut writer, &front.users, &nonce, &peer.ip().to_string()).await
+        login::login(&mut reader, &mut writer, &front.users, &nonce, &peer.ip().to_string()).await
     };
     let login = match tokio::time::timeout(limit, login).await {
         Err(_) => {
@@ -117,7 +120,7 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         }
         Ok(Err(e)) => {
             info!("MySQL login refused: {e}");
-            if matches!(e, handshake::LoginError::Denied { .. }) {
+            if matches!(e, login::LoginError::Denied { .. }) {
                 front.auth_failed(peer.ip());
             }
             if let Some(p) = e.reply() {
@@ -1067,7 +1070,7 @@ impl Sink<'_> {
                     }
                 }
                 let mut count = Vec::with_capacity(9);
-                super::packet::put_lenenc_int(&mut count, cols.columns.len() as u64);
+                osprey_mysql::codec::put_lenenc_int(&mut count, cols.columns.len() as u64);
                 w.packet(&count);
                 for c in &cols.columns {
                     w.packet(&reply::column(c));

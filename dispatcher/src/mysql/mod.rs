@@ -1,22 +1,19 @@
 //! The MySQL protocol front end: every MySQL client, driver and tool reaches Osprey's
 //! pool, failover, routing and policies by pointing at this port (docs/MYSQL.md).
 //!
-//! - `packet.rs`: bounded MySQL packet reading and writing;
-//! - `handshake.rs`: the greeting and the login (`mysql_native_password`,
-//!   `caching_sha2_password` fast path, auth switch);
-//! - `state.rs`: what is kept per client (database, tracked variables, autocommit, pins);
+//! The connection's I/O and decisions are here; the protocol's bytes (the greeting and
+//! handshake response, OK/ERR/EOF, column definitions, rows, prepared statements' codec,
+//! what is kept per client) are the `osprey-mysql` crate's (`mysql/`), which does no I/O:
+//!
+//! - `packet.rs`: bounded MySQL packet reading and writing on the socket;
+//! - `login.rs`: the login (`mysql_native_password`, `caching_sha2_password` fast path,
+//!   auth switch) against `[[mysql.users]]`;
 //! - `connection.rs`: the command loop; each statement goes through admission
-//!   (`crate::admit`) as an SDK client's does;
-//! - `prepared.rs`: prepared statements (dispatcher ids, remembered parameter types,
-//!   long data, binary rows);
-//! - `reply.rs`: OK, ERR, EOF, column definitions, rows, and the error table.
+//!   (`crate::admit`) as an SDK client's does.
 
 pub mod connection;
-pub mod handshake;
+pub mod login;
 pub mod packet;
-pub mod prepared;
-pub mod reply;
-pub mod state;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -144,7 +141,11 @@ pub async fn accept(ctx: Arc<Ctx>, front: Arc<Front>, listener: TcpListener) {
                 tokio::spawn(async move {
                     let (_, wr) = socket.into_split();
                     let mut w = packet::PacketWriter::new(wr, Duration::from_secs(1));
-                    w.packet(&reply::err(reply::ER_CON_COUNT, "08004", "Too many connections"));
+                    w.packet(&osprey_mysql::reply::err(
+                        osprey_mysql::reply::ER_CON_COUNT,
+                        "08004",
+                        "Too many connections",
+                    ));
                     let _ = w.flush().await;
                 });
             }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use osprey_protocol::{Column, Value};
 
-use super::packet::{put_lenenc_bytes, Cursor};
+use crate::codec::{put_lenenc_bytes, Cursor};
 
 /// Bounds per connection: statements, and the bytes of their texts and long data.
 pub const MAX_STATEMENTS: usize = 1024;

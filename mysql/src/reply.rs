@@ -3,7 +3,7 @@
 
 use osprey_protocol::{Column, ErrorBody, ErrorCode, Origin, Value};
 
-use super::packet::{put_lenenc_bytes, put_lenenc_int};
+use crate::codec::{put_lenenc_bytes, put_lenenc_int};
 
 pub const SERVER_STATUS_IN_TRANS: u16 = 0x0001;
 pub const SERVER_STATUS_AUTOCOMMIT: u16 = 0x0002;
