@@ -24,6 +24,10 @@ fi
 if ! command -v python3 >/dev/null 2>&1; then
   packages+=(python3 python3-pip)
 fi
+# Node.js for mysql2 (tests/node, tests/tests/mysql/more_drivers.rs).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
 # The operations page's browser test (tests/tests/ui.rs): headless chromium and its
 # WebDriver server. The test fails in CI (CI set) without them, and skips loudly elsewhere.
 if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ]; then
@@ -41,6 +45,17 @@ fi
 if ! python3 -c 'import pymysql' >/dev/null 2>&1; then
   echo "installing PyMySQL with pip (tests/tests/mysql)" >&2
   python3 -m pip install -q pymysql 2>/dev/null || python3 -m pip install -q --break-system-packages pymysql
+fi
+# mysql-connector-python, pure and C extension: 9.7.0, the last whose C extension runs
+# on Debian 12's OpenSSL 3.0 (26.x needs OPENSSL_3.2.0).
+if ! python3 -c 'import mysql.connector, _mysql_connector' >/dev/null 2>&1; then
+  echo "installing mysql-connector-python with pip (tests/tests/mysql)" >&2
+  python3 -m pip install -q mysql-connector-python==9.7.0 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages mysql-connector-python==9.7.0
+fi
+if [ ! -d tests/node/node_modules ]; then
+  echo "installing mysql2 with npm ci (tests/node)" >&2
+  npm ci --prefix tests/node --no-audit --no-fund
 fi
 # mariadbd lives in /usr/sbin, which a non-root PATH may lack.
 export PATH="$PATH:/usr/sbin"

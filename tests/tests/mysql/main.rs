@@ -6,6 +6,7 @@
 mod cli;
 mod drivers;
 mod faults;
+mod more_drivers;
 mod sysbench;
 
 use std::net::SocketAddr;
