@@ -19,6 +19,7 @@ mod cpu;
 mod memory;
 mod procs;
 mod report;
+mod sysbench;
 mod tls;
 mod workload;
 
@@ -114,6 +115,14 @@ struct Args {
     /// `osprey-d1` target always runs with 1.
     #[arg(long)]
     pipeline_depth: Option<usize>,
+    /// sysbench tests to run instead of the workloads (e.g. `oltp_point_select,oltp_read_write`):
+    /// through direct, HAProxy and Osprey's MySQL port, threads from `--clients`.
+    #[arg(long, value_delimiter = ',')]
+    sysbench: Vec<String>,
+    /// With `--sysbench`: rounds of the targets, alternating their order; ratios are
+    /// reported as the worst and the median over the rounds.
+    #[arg(long, default_value_t = 3)]
+    pairs: usize,
     /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
     #[arg(long, env = "OSPREY_BIN_DIR")]
     bin_dir: Option<PathBuf>,
@@ -267,6 +276,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         watched,
     };
 
+    if !ctx.args.sysbench.is_empty() {
+        return run_sysbench(&ctx);
+    }
     let mut results = Vec::new();
     for &wl in &ctx.args.workloads {
         for &clients in &ctx.args.clients {
@@ -321,6 +333,55 @@ async fn run(args: Args) -> anyhow::Result<()> {
         load_end.trim()
     );
     report::print_headlines(&results);
+    Ok(())
+}
+
+/// `--sysbench`: direct, HAProxy and Osprey's MySQL port, alternated.
+fn run_sysbench(ctx: &Ctx) -> anyhow::Result<()> {
+    let primary = ctx.sandbox.primary();
+    let db = primary.database().to_string();
+    let direct = sysbench::Endpoint {
+        name: "direct",
+        addr: std::net::SocketAddr::new([127, 0, 0, 1].into(), primary.port()),
+        user: primary.user().to_string(),
+        password: primary.password().to_string(),
+    };
+    eprintln!("sysbench prepare (4 tables of 10 000 rows) on the primary ...");
+    sysbench::prepare(&direct, &db)?;
+    let mut endpoints = vec![];
+    if let Some(h) = &ctx.haproxy {
+        endpoints.push(sysbench::Endpoint {
+            name: "haproxy",
+            addr: std::net::SocketAddr::new([127, 0, 0, 1].into(), h.port),
+            user: primary.user().to_string(),
+            password: primary.password().to_string(),
+        });
+    }
+    endpoints.insert(0, direct);
+    if let Some(d) = &ctx.dispatcher {
+        endpoints.push(sysbench::Endpoint {
+            name: "osprey",
+            addr: d.mysql_addr,
+            user: procs::MYSQL_USER.into(),
+            password: procs::MYSQL_PASSWORD.into(),
+        });
+    }
+    let runs = sysbench::run(
+        &ctx.args.sysbench,
+        &ctx.args.clients,
+        ctx.args.pairs.max(1),
+        ctx.args.duration,
+        &endpoints,
+        &db,
+        primary,
+        ctx.watched.dispatcher,
+        ctx.watched.haproxy,
+    )?;
+    sysbench::print(&runs);
+    if let Some(path) = &ctx.args.json {
+        let doc = serde_json::json!({ "command": std::env::args().collect::<Vec<_>>().join(" "), "sysbench": runs });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
+    }
     Ok(())
 }
 

@@ -93,11 +93,15 @@ fn stop_child(child: &mut Child, grace: Duration) {
 pub struct Dispatcher {
     child: Child,
     pub client_addr: SocketAddr,
+    /// Its MySQL port (`[mysql] listen`), user [`MYSQL_USER`] / [`MYSQL_PASSWORD`].
+    pub mysql_addr: SocketAddr,
     pub client_token: String,
     _dir: tempfile::TempDir,
 }
 
 const CLIENT_TOKEN: &str = "bench-client-token";
+pub const MYSQL_USER: &str = "bench";
+pub const MYSQL_PASSWORD: &str = "bench-password";
 const ADMIN_TOKEN: &str = "bench-admin-token";
 
 impl Dispatcher {
@@ -117,6 +121,7 @@ impl Dispatcher {
         let dir = tempfile::Builder::new().prefix("osprey-bench-").tempdir()?;
         let client_addr = free_addr()?;
         let admin_addr = free_addr()?;
+        let mysql_addr = free_addr()?;
         let streams = max_clients.max(1024);
         let config = format!(
             r#"[listen]
@@ -142,6 +147,14 @@ worker_log = "warn"
 [limits]
 max_streams_per_connection = {streams}
 
+[mysql]
+listen = "{mysql_addr}"
+max_connections = {mysql_connections}
+
+[[mysql.users]]
+name = "{MYSQL_USER}"
+native_hash = "{native}"
+
 [sessions]
 # The transaction workload: every worker may be pinned (there is no other traffic), and
 # one connection serves up to 256 tasks.
@@ -152,6 +165,8 @@ open_timeout_ms = 60000
             runtime = dir.path().display(),
             queue = (2 * max_clients).max(4096),
             depth = pipeline_depth.map_or_else(String::new, |d| format!("pipeline_depth = {d}")),
+            mysql_connections = max_clients + 64,
+            native = osprey_client::mysql_auth::native_hash(MYSQL_PASSWORD),
         );
         let config = if replicas.is_empty() {
             format!(
@@ -227,6 +242,7 @@ read_split = true
         let mut d = Dispatcher {
             child,
             client_addr,
+            mysql_addr,
             client_token: CLIENT_TOKEN.into(),
             _dir: dir,
         };

@@ -19,6 +19,12 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     check_execute(first, rest);
     let sql = String::from_utf8_lossy(rest);
     check_text(&sql, first);
+    // Query text made UTF-8: unchanged when it was, and only ever valid UTF-8 (a String).
+    if let Some(text) = osprey_mysql::text::utf8_query(rest) {
+        if let Ok(orig) = std::str::from_utf8(rest) {
+            assert_eq!(text, orig);
+        }
+    }
 });
 
 fn check_execute(first: u8, body: &[u8]) {
@@ -38,9 +44,13 @@ fn check_execute(first: u8, body: &[u8]) {
         .expect("one statement fits");
     let mut execute = id.to_le_bytes().to_vec();
     execute.extend_from_slice(body);
-    if let Ok((got, values)) = st.execute(&execute) {
-        assert_eq!(got, id);
-        assert_eq!(values.len(), n, "one value per parameter");
+    if let Ok(e) = st.execute(&execute) {
+        assert_eq!(e.id, id);
+        assert_eq!(e.values.len(), n, "one value per parameter");
+        assert!(
+            e.blob.iter().all(|&i| usize::from(i) < n),
+            "blob indexes within the parameters"
+        );
     }
     // Long data for parameter 0, then an execute that takes it in.
     let mut long = id.to_le_bytes().to_vec();

@@ -19,12 +19,17 @@ pub const CLIENT_MULTI_RESULTS: u32 = 0x2_0000;
 pub const CLIENT_PLUGIN_AUTH: u32 = 0x8_0000;
 pub const CLIENT_CONNECT_ATTRS: u32 = 0x10_0000;
 pub const CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA: u32 = 0x20_0000;
+pub const CLIENT_SESSION_TRACK: u32 = 0x80_0000;
 pub const CLIENT_DEPRECATE_EOF: u32 = 0x100_0000;
 
 /// What this front end advertises: only what it does. Not SSL (no TLS on this port yet),
-/// not MULTI_STATEMENTS/MULTI_RESULTS (one statement per COM_QUERY), not FOUND_ROWS (the
-/// workers' sessions count changed rows), not LOCAL_FILES, not SESSION_TRACK.
+/// not MULTI_STATEMENTS/MULTI_RESULTS (one statement per COM_QUERY), not LOCAL_FILES.
+/// FOUND_ROWS: an UPDATE's affected rows become its "Rows matched". SESSION_TRACK: an OK's
+/// message is length-encoded, as servers write it, and clients that negotiate it (mysql2,
+/// Connector/C) read it so; no session state changes are reported (the flag
+/// SERVER_SESSION_STATE_CHANGED is never set).
 pub const SERVER_CAPABILITIES: u32 = CLIENT_LONG_PASSWORD
+    | CLIENT_FOUND_ROWS
     | CLIENT_LONG_FLAG
     | CLIENT_CONNECT_WITH_DB
     | CLIENT_PROTOCOL_41
@@ -34,6 +39,7 @@ pub const SERVER_CAPABILITIES: u32 = CLIENT_LONG_PASSWORD
     | CLIENT_PLUGIN_AUTH
     | CLIENT_CONNECT_ATTRS
     | CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA
+    | CLIENT_SESSION_TRACK
     | CLIENT_DEPRECATE_EOF;
 
 /// The workers' connection collation (utf8mb4_general_ci), announced in the greeting.

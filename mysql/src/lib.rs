@@ -9,7 +9,8 @@
 //! - `prepared.rs`: a connection's prepared statements (ids, remembered parameter types,
 //!   long data), `COM_STMT_EXECUTE` read, binary rows written;
 //! - `state.rs`: what is kept per client (database, tracked variables, autocommit) and
-//!   what a statement's text says about pinning.
+//!   what a statement's text says about pinning;
+//! - `text.rs`: query text made UTF-8 (binary strings as hex literals).
 //!
 //! Every input path returns an error for bad bytes and never panics: the `mysql_packets`
 //! fuzz target (fuzz/) checks it.
@@ -19,3 +20,4 @@ pub mod handshake;
 pub mod prepared;
 pub mod reply;
 pub mod state;
+pub mod text;

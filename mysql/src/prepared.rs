@@ -125,7 +125,7 @@ impl Statements {
 
     /// Reads a `COM_STMT_EXECUTE` body: the statement's id and its parameters' values
     /// (long data taken in; the types remembered when this execute sends none).
-    pub fn execute(&mut self, body: &[u8]) -> Result<(u32, Vec<Value>), StmtError> {
+    pub fn execute(&mut self, body: &[u8]) -> Result<Execute, StmtError> {
         let bad = StmtError::Malformed;
         let mut c = Cursor(body);
         let id = c.u32().ok_or(bad("no statement id"))?;
@@ -136,7 +136,11 @@ impl Statements {
         let long = std::mem::take(&mut p.long_data);
         self.long_bytes -= long.values().map(Vec::len).sum::<usize>();
         if n == 0 {
-            return Ok((id, Vec::new()));
+            return Ok(Execute {
+                id,
+                values: Vec::new(),
+                blob: Vec::new(),
+            });
         }
         let nulls = c.take(n.div_ceil(8)).ok_or(bad("no null bitmap"))?;
         let bound = c.u8().ok_or(bad("no new-params-bound flag"))?;
@@ -152,7 +156,11 @@ impl Statements {
         }
         let types = p.types.as_ref().ok_or(bad("no parameter types were ever sent"))?;
         let mut values = Vec::with_capacity(n);
+        let mut blob = Vec::new();
         for (i, &(t, unsigned)) in types.iter().enumerate() {
+            if is_blob(t) {
+                blob.push(i as u16);
+            }
             if nulls[i / 8] & (1 << (i % 8)) != 0 {
                 values.push(Value::Null);
             } else if let Some(data) = long.get(&(i as u16)) {
@@ -161,8 +169,22 @@ impl Statements {
                 values.push(read_value(&mut c, t, unsigned).ok_or(bad("a parameter's value"))?);
             }
         }
-        Ok((id, values))
+        Ok(Execute { id, values, blob })
     }
+}
+
+/// A `COM_STMT_EXECUTE` read: the statement, its values, and which of them the client
+/// bound as a BLOB (binary; `REQUEST.blob_params`).
+#[derive(Debug, PartialEq)]
+pub struct Execute {
+    pub id: u32,
+    pub values: Vec<Value>,
+    pub blob: Vec<u16>,
+}
+
+/// The BLOB types (and BIT, GEOMETRY): binary values.
+fn is_blob(t: u8) -> bool {
+    matches!(t, 0xF9..=0xFC | 0x10 | 0xFF)
 }
 
 /// One binary-protocol value of MySQL type `t`.
@@ -223,8 +245,17 @@ fn read_value(c: &mut Cursor<'_>, t: u8, unsigned: bool) -> Option<Value> {
             }
             Value::time(negative, days, hours, minutes, seconds, micros)
         }
-        // Strings, DECIMAL, BLOBs, JSON, ENUM, SET, BIT, GEOMETRY: bytes as sent.
-        _ => Value::Bytes(c.lenenc_bytes()?.to_vec()),
+        // BLOBs, BIT, GEOMETRY: binary, bound again as a BLOB by the worker.
+        t if is_blob(t) => Value::Bytes(c.lenenc_bytes()?.to_vec()),
+        // Strings, DECIMAL, JSON, ENUM, SET: text in the connection's character set (bytes
+        // that are not UTF-8 still go as a string, as the client sent them).
+        _ => {
+            let b = c.lenenc_bytes()?.to_vec();
+            match String::from_utf8(b) {
+                Ok(s) => Value::Text(s),
+                Err(e) => Value::Bytes(e.into_bytes()),
+            }
+        }
     })
 }
 
@@ -355,14 +386,16 @@ mod tests {
         let mut body = id.to_le_bytes().to_vec();
         body.extend_from_slice(&[0, 1, 0, 0, 0, 0b10, 1, 0x08, 0, 0xFE, 0]);
         body.extend_from_slice(&42i64.to_le_bytes());
-        assert_eq!(s.execute(&body).unwrap(), (id, vec![Value::Int(42), Value::Null]));
+        let e = s.execute(&body).unwrap();
+        assert_eq!((e.id, e.values), (id, vec![Value::Int(42), Value::Null]));
         let mut again = id.to_le_bytes().to_vec();
         again.extend_from_slice(&[0, 1, 0, 0, 0, 0b00, 0]);
         again.extend_from_slice(&7i64.to_le_bytes());
         again.extend_from_slice(&[2, b'h', b'i']);
+        let e = s.execute(&again).unwrap();
         assert_eq!(
-            s.execute(&again).unwrap(),
-            (id, vec![Value::Int(7), Value::Bytes(b"hi".to_vec())])
+            (e.values, e.blob),
+            (vec![Value::Int(7), Value::Text("hi".into())], vec![])
         );
     }
 

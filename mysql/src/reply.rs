@@ -19,6 +19,23 @@ pub fn ok(header: u8, affected: u64, last_insert_id: u64, status: u16, warnings:
     p
 }
 
+/// [`ok`] with the server's message after it (e.g. `Rows matched: 1  Changed: 1`).
+pub fn ok_info(affected: u64, last_insert_id: u64, status: u16, warnings: u16, info: &str) -> Vec<u8> {
+    let mut p = ok(0x00, affected, last_insert_id, status, warnings);
+    if !info.is_empty() {
+        // Length-encoded, as servers write it (and as libmysql and Connector/C read it).
+        put_lenenc_bytes(&mut p, info.as_bytes());
+    }
+    p
+}
+
+/// `Rows matched: N` of an UPDATE's message: the affected rows a client that asked for
+/// `CLIENT_FOUND_ROWS` gets.
+pub fn rows_matched(info: &str) -> Option<u64> {
+    let rest = info.strip_prefix("Rows matched: ")?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
 /// The classic EOF packet.
 pub fn eof(status: u16, warnings: u16) -> Vec<u8> {
     let mut p = vec![0xFE];

@@ -381,6 +381,10 @@ pub struct Request {
     /// even without `params` (a front end whose client prepared the statement).
     #[serde(default, skip_serializing_if = "is_false")]
     pub prepared: bool,
+    /// Parameters (by index) bound as `MYSQL_TYPE_BLOB`, binary, instead of a string
+    /// (protocol 1.6): `Bytes` parameters a MySQL client bound as a BLOB.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blob_params: Vec<u16>,
     /// Describe, do not run (protocol 1.6): the worker prepares `sql` and answers its
     /// parameters' definitions (`COLUMNS` result set 0) and its result's columns (`COLUMNS`
     /// result set 1, none for a statement without rows), then `END`. No `params`.
@@ -538,6 +542,10 @@ pub struct End {
     /// request (the server's `SERVER_STATUS_IN_TRANS`). Absent: false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub in_transaction: bool,
+    /// The server's message in the OK packet of the request's last statement (protocol
+    /// 1.6), e.g. `Rows matched: 2  Changed: 1  Warnings: 0`. Absent when it gave none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<String>,
 }
 
 /// What became of a session's transaction when the session ended without the client

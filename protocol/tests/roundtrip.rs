@@ -184,6 +184,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 text_rows,
                 prepared,
                 prepare_only,
+                blob_params: Vec::new(),
                 schema,
                 vars,
                 // Not on the wire: a decoded request always has None.
@@ -221,10 +222,18 @@ fn arb_end() -> impl Strategy<Value = End> {
         any::<u64>(),
         any::<u64>(),
         any::<u64>(),
-        (opt_string(), any::<bool>()),
+        (opt_string(), any::<bool>(), opt_string()),
     )
         .prop_map(
-            |(affected_rows, last_insert_id, warnings, rows, server_time_us, queue_time_us, (gtid, in_transaction))| {
+            |(
+                affected_rows,
+                last_insert_id,
+                warnings,
+                rows,
+                server_time_us,
+                queue_time_us,
+                (gtid, in_transaction, info),
+            )| {
                 End {
                     affected_rows,
                     last_insert_id,
@@ -234,6 +243,7 @@ fn arb_end() -> impl Strategy<Value = End> {
                     queue_time_us,
                     gtid,
                     in_transaction,
+                    info,
                 }
             },
         )

@@ -102,6 +102,7 @@ fn example() -> Vec<(&'static str, Frame)> {
                     queue_time_us: 25,
                     gtid: None,
                     in_transaction: false,
+                    info: None,
                 },
             ),
         ),

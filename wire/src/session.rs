@@ -297,6 +297,12 @@ impl Session {
     /// that make the packet exceed 16 MiB go ahead as `COM_STMT_SEND_LONG_DATA`. A wrong
     /// parameter count is refused here, with nothing sent.
     pub fn send_execute(&mut self, stmt: &Statement, params: &[Value]) -> Result<()> {
+        self.send_execute_typed(stmt, params, &[])
+    }
+
+    /// [`Session::send_execute`], with the parameters whose `blob` is true bound as
+    /// `MYSQL_TYPE_BLOB` (binary) instead of the string type `mysql_common` gives bytes.
+    pub fn send_execute_typed(&mut self, stmt: &Statement, params: &[Value], blob: &[bool]) -> Result<()> {
         self.usable()?;
         if params.len() != usize::from(stmt.num_params()) {
             return Err(Error::Refused(format!(
@@ -308,6 +314,17 @@ impl Session {
         let (request, as_long_data) = ComStmtExecuteRequestBuilder::new(stmt.id()).build(params);
         let mut body = Vec::new();
         request.serialize(&mut body);
+        // [0x17, id 4, flags 1, iterations 4], the NULL bitmap, new-params-bound, types.
+        let types_at = 10 + params.len().div_ceil(8) + 1;
+        if blob.iter().any(|b| *b) && body.get(types_at - 1) == Some(&1) {
+            for (i, _) in blob.iter().enumerate().filter(|(_, b)| **b) {
+                if let Some(t) = body.get_mut(types_at + 2 * i) {
+                    if *t == mysql_common::constants::ColumnType::MYSQL_TYPE_VAR_STRING as u8 {
+                        *t = mysql_common::constants::ColumnType::MYSQL_TYPE_BLOB as u8;
+                    }
+                }
+            }
+        }
         if body.len() > crate::io::MAX_PACKET {
             return Err(Error::Refused(format!("an execute packet of {} bytes", body.len())));
         }

@@ -88,6 +88,15 @@ pub fn column(c: &osprey_wire::Column) -> Column {
     }
 }
 
+/// Which parameters are bound as BLOB (binary): the `Bytes` ones `REQUEST.blob_params` names.
+pub fn binary_params(params: &[Value], blob: &[u16]) -> Vec<bool> {
+    params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| matches!(p, Value::Bytes(_)) && blob.contains(&(i as u16)))
+        .collect()
+}
+
 /// One result value, from either protocol, as a protocol [`Value`].
 pub fn value(kind: ColumnKind, v: osprey_wire::Value) -> Value {
     use osprey_wire::Value as M;

@@ -386,6 +386,7 @@ impl Executor {
                 &single_sql,
                 &request.params,
                 request.prepared,
+                &request.blob_params,
                 &mut out,
                 &mut acc,
             )
@@ -503,6 +504,7 @@ pub(crate) async fn answer(
                 queue_time_us: 0,
                 gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
                 in_transaction: acc.in_transaction,
+                info: acc.info.clone(),
             };
             out.end(&end).await?;
             Ok(Outcome::Served)
@@ -653,9 +655,13 @@ impl Executor {
     /// the worker exits.
     pub async fn end_session(&mut self, stream: u32, link: &LinkOut) -> Result<Outcome, LinkGone> {
         let mut out = Emitter::new(link, &self.memo, stream, self.limits);
-        // Variables applied in the session (autocommit among them) need the full reset:
-        // the ROLLBACK path turns autocommit back on behind `applied`'s back.
-        let full = std::mem::take(&mut self.session_dirty) || self.applied != Applied::default();
+        // Variables applied in the session need the full reset; a database (`USE`) and
+        // autocommit do not: the ROLLBACK path turns autocommit back on (and it leaves
+        // `applied`), the database stays what `applied` says. The full reset would drop the
+        // prepared statements, which every session's client prepares again otherwise
+        // (seen: sysbench's oltp_read_write through the MySQL port re-prepared its 9
+        // statements per transaction).
+        let full = std::mem::take(&mut self.session_dirty) || self.applied.vars.iter().any(|(n, _)| n != "autocommit");
         self.session_fresh = true;
         let result = if self.dead {
             Err("the database session was lost".to_string())
@@ -674,6 +680,8 @@ impl Executor {
             Ok(()) => {
                 if full {
                     self.session_gtid = None;
+                } else {
+                    self.applied.vars.retain(|(n, _)| n != "autocommit");
                 }
                 out.end(&End::default()).await?;
                 Ok(Outcome::Served)
@@ -809,6 +817,8 @@ pub(crate) struct Summary {
     in_transaction: bool,
     /// `REQUEST.text_rows`: text-protocol values go out as the server's bytes.
     pub(crate) text_rows: bool,
+    /// The last statement's OK message (`END.info`).
+    info: Option<String>,
 }
 
 fn take_gtid(text: &str, acc: &mut Summary) {
@@ -858,7 +868,7 @@ async fn run_batch(
             if let Some(reason) = tracker.reason(stream) {
                 return Err(ExecError::Stopped(reason));
             }
-            run_statement(conn, &st.sql, &st.params, false, out, acc).await?;
+            run_statement(conn, &st.sql, &st.params, false, &[], out, acc).await?;
         }
         if let Some(reason) = tracker.reason(stream) {
             return Err(ExecError::Stopped(reason));
@@ -890,10 +900,11 @@ async fn run_statement(
     sql: &str,
     params: &[Value],
     prepared: bool,
+    blob: &[u16],
     out: &mut Emitter<'_>,
     acc: &mut Summary,
 ) -> Result<(), ExecError> {
-    send_statement(conn, sql, params, prepared).await?;
+    send_statement(conn, sql, params, prepared, blob).await?;
     stream_results(conn, out, acc).await
 }
 
@@ -909,7 +920,13 @@ async fn describe(conn: &mut Session, sql: &str, out: &mut Emitter<'_>) -> Resul
 /// Sends one statement: `COM_QUERY` without parameters (unless `prepared`), else
 /// `COM_STMT_EXECUTE` of the cached prepared statement (prepared now on a miss: a round
 /// trip).
-async fn send_statement(conn: &mut Session, sql: &str, params: &[Value], prepared: bool) -> Result<(), ExecError> {
+async fn send_statement(
+    conn: &mut Session,
+    sql: &str,
+    params: &[Value],
+    prepared: bool,
+    blob: &[u16],
+) -> Result<(), ExecError> {
     if params.is_empty() && !prepared {
         conn.send_query(sql)?;
     } else {
@@ -925,8 +942,11 @@ async fn send_statement(conn: &mut Session, sql: &str, params: &[Value], prepare
                 params.len()
             )));
         }
+        // `Bytes` is binary: bound as a BLOB, as a driver binds a byte buffer (a string
+        // type would make the server read it in the connection's character set).
+        let binary = convert::binary_params(params, blob);
         let params: Vec<osprey_wire::Value> = params.iter().map(convert::param).collect();
-        conn.send_execute(&stmt, &params)?;
+        conn.send_execute_typed(&stmt, &params, &binary)?;
     }
     Ok(())
 }
@@ -1013,6 +1033,10 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
                 if !more_results {
                     // The last OK/EOF packet of the statement carries its warning count.
                     acc.warnings += u32::from(ok.warnings());
+                    acc.info = ok
+                        .info_ref()
+                        .filter(|i| !i.is_empty())
+                        .map(|i| String::from_utf8_lossy(i).into_owned());
                     return Ok(());
                 }
             }

@@ -190,11 +190,13 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         sticky: None,
         last_gtid: None,
         deprecate_eof: login.caps & CLIENT_DEPRECATE_EOF != 0,
+        found_rows: login.caps & handshake::CLIENT_FOUND_ROWS != 0,
         session_lost: false,
         lost_outcome: None,
         row_count: -1,
         last_insert_id: 0,
         stmts: prepared::Statements::default(),
+        blob_params: Vec::new(),
         long_data_error: None,
         login,
     };
@@ -258,6 +260,8 @@ struct Conn {
     /// Read-your-writes: the newest GTID this connection wrote.
     last_gtid: Option<String>,
     deprecate_eof: bool,
+    /// The client asked for `CLIENT_FOUND_ROWS`.
+    found_rows: bool,
     /// The session ended without the client (seen on its stream).
     session_lost: bool,
     /// What its `ERROR` said became of its transaction.
@@ -267,6 +271,8 @@ struct Conn {
     last_insert_id: u64,
     /// Its prepared statements.
     stmts: prepared::Statements,
+    /// The BLOB-typed parameters of the EXECUTE being run.
+    blob_params: Vec<u16>,
     /// A `COM_STMT_SEND_LONG_DATA` that failed (it has no answer): the next EXECUTE's.
     long_data_error: Option<prepared::StmtError>,
 }
@@ -361,17 +367,13 @@ impl Conn {
                 w.packet(&reply::ok(0, 0, 0, self.status(), 0));
                 Ok(())
             }
-            COM_QUERY => match std::str::from_utf8(body) {
-                Ok(sql) => {
-                    let sql = sql.to_string();
-                    self.query(&sql, w).await
-                }
-                Err(_) => {
+            COM_QUERY => match osprey_mysql::text::utf8_query(body) {
+                Some(sql) => self.query(&sql, w).await,
+                None => {
                     w.packet(&reply::err(
                         1366,
                         "HY000",
-                        "osprey: statement text that is not UTF-8 (write binary literals as X'…' or bind them as \
-                         parameters of a prepared statement)",
+                        "osprey: statement text that is not UTF-8 outside its string literals",
                     ));
                     Ok(())
                 }
@@ -532,6 +534,7 @@ impl Conn {
         let mut request = self.request(sql.to_string());
         if let Some(params) = params {
             request.params = params;
+            request.blob_params = std::mem::take(&mut self.blob_params);
             request.prepared = true;
             request.text_rows = false;
         }
@@ -655,9 +658,10 @@ impl Conn {
             return Ok(());
         }
         match self.stmts.execute(body) {
-            Ok((id, params)) => {
-                let sql = self.stmts.get(id).map(|p| p.sql.clone()).unwrap_or_default();
-                self.statement(&sql, Some(params), w).await
+            Ok(execute) => {
+                let sql = self.stmts.get(execute.id).map(|p| p.sql.clone()).unwrap_or_default();
+                self.blob_params = execute.blob;
+                self.statement(&sql, Some(execute.values), w).await
             }
             Err(e) => {
                 let (errno, state) = e.errno();
@@ -888,12 +892,18 @@ impl Conn {
             self.in_transaction = in_session && answer.end.in_transaction;
             if !answer.had_rows {
                 let warnings = answer.end.warnings.min(u32::from(u16::MAX)) as u16;
-                w.packet(&reply::ok(
-                    0,
-                    answer.end.affected_rows,
+                let info = answer.end.info.as_deref().unwrap_or("");
+                // CLIENT_FOUND_ROWS: an UPDATE counts the rows it matched.
+                let affected = match (self.found_rows, reply::rows_matched(info)) {
+                    (true, Some(matched)) => matched,
+                    _ => answer.end.affected_rows,
+                };
+                w.packet(&reply::ok_info(
+                    affected,
                     answer.end.last_insert_id.unwrap_or(0),
                     self.status(),
                     warnings,
+                    info,
                 ));
             }
         }

@@ -121,7 +121,6 @@ impl Executor {
             && (c.request.timeout_ms == 0 || c.server_timeout.is_some())
             && !c.out_of_sight
             && self.applied.serves(&c.request)
-            && !c.request.prepared
             && !c.request.prepare_only
     }
 
@@ -146,9 +145,15 @@ impl Executor {
                 debug!(error = %e, "preparing a pipeline variant failed");
             }
         }
-        let unsent = send_statement(&mut self.conn, &head.sql, &head.request.params, false)
-            .await
-            .err();
+        let unsent = send_statement(
+            &mut self.conn,
+            &head.sql,
+            &head.request.params,
+            head.request.prepared,
+            &head.request.blob_params,
+        )
+        .await
+        .err();
         let mut slots = VecDeque::from([Slot { checked: head, unsent }]);
         let mut answered = 0u64;
         // Statements answered only after the session is rolled back (see the rules).
@@ -338,7 +343,7 @@ impl Executor {
                 tagged.push_str(&c.sql);
                 c.sql = tagged.into();
             }
-            let stmt = if c.request.params.is_empty() {
+            let stmt = if c.request.params.is_empty() && !c.request.prepared {
                 None
             } else {
                 // Cached only: with responses pending, a miss is refused without a round trip.
@@ -364,8 +369,9 @@ impl Executor {
             let sent = match &stmt {
                 None => self.conn.send_query(&c.sql),
                 Some(stmt) => {
+                    let binary = crate::convert::binary_params(&c.request.params, &c.request.blob_params);
                     let params: Vec<osprey_wire::Value> = c.request.params.iter().map(crate::convert::param).collect();
-                    self.conn.send_execute(stmt, &params)
+                    self.conn.send_execute_typed(stmt, &params, &binary)
                 }
             };
             debug!(stream = c.stream, behind = slots.len() + 1, "pipelined");
