@@ -70,6 +70,10 @@ pub struct MysqlConfig {
     /// Failed logins from one address within a minute before its next attempts are
     /// refused at once (ERR 1129-like, with 1045), for a minute.
     pub max_auth_failures_per_minute: u32,
+    /// TLS offered on the MySQL port (a client upgrades with SSLRequest). Absent: none.
+    pub tls: Option<ListenTls>,
+    /// Refuse logins that did not upgrade to TLS (ERROR 3159), as MySQL's option.
+    pub require_secure_transport: bool,
     /// Who may log in.
     pub users: Vec<MysqlUser>,
 }
@@ -82,6 +86,8 @@ impl Default for MysqlConfig {
             idle_timeout_ms: 28_800_000,
             read_timeout_ms: 30_000,
             max_auth_failures_per_minute: 20,
+            tls: None,
+            require_secure_transport: false,
             users: Vec::new(),
         }
     }
@@ -556,6 +562,9 @@ impl Config {
             return Err("mysql.max_connections, idle_timeout_ms and read_timeout_ms must be at least 1".into());
         }
         let embedded = self.backend.is_none() && self.clusters.is_empty();
+        if m.require_secure_transport && m.tls.is_none() {
+            return Err("mysql.require_secure_transport needs [mysql.tls]".into());
+        }
         if m.listen.is_some() && m.users.is_empty() && !embedded {
             return Err(
                 "mysql.listen needs at least one [[mysql.users]] (osprey mysql-password prints the hashes)".into(),

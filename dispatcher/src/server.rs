@@ -99,6 +99,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         }
     };
 
+    let mysql_tls = match &config.mysql.tls {
+        Some(t) => Some(ServerTls::new(t).context("loading [mysql.tls]")?),
+        None => None,
+    };
     let socket_path = dir.join(format!("worker-{}.sock", std::process::id()));
     let worker_listener = listen::bind_worker_socket(&socket_path)
         .with_context(|| format!("binding worker socket {}", socket_path.display()))?;
@@ -221,7 +225,11 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         tls.clone(),
     ));
     let mysql_task = mysql_listener.map(|listener| {
-        let front = Arc::new(crate::mysql::Front::new(mysql_config.clone(), ctx.metrics.clone()));
+        let front = Arc::new(crate::mysql::Front::new(
+            mysql_config.clone(),
+            mysql_tls.clone(),
+            ctx.metrics.clone(),
+        ));
         tokio::spawn(crate::mysql::accept(ctx.clone(), front, listener))
     });
     if !mysql_line.is_empty() && mysql_task.is_some() {
@@ -233,6 +241,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         config_path,
         fd_budget,
         tls.clone(),
+        mysql_tls.clone(),
     ));
 
     info!(
@@ -385,6 +394,7 @@ async fn signals(
     config_path: Option<PathBuf>,
     fds: FdBudget,
     tls: Option<Arc<ServerTls>>,
+    mysql_tls: Option<Arc<ServerTls>>,
 ) {
     let (Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -407,7 +417,14 @@ async fn signals(
                 warn!("SIGQUIT: fast shutdown");
                 abort(&ctx);
             }
-            _ = hup.recv() => reload(&ctx, &supervisor, config_path.as_deref(), &fds, tls.as_deref(), &mut file_size),
+            _ = hup.recv() => reload(
+                &ctx,
+                &supervisor,
+                config_path.as_deref(),
+                &fds,
+                (tls.as_deref(), mysql_tls.as_deref()),
+                &mut file_size,
+            ),
         }
     }
 }
@@ -441,7 +458,7 @@ fn reload(
     supervisor: &Arc<Supervisor>,
     path: Option<&std::path::Path>,
     fds: &FdBudget,
-    tls: Option<&ServerTls>,
+    (tls, mysql_tls): (Option<&ServerTls>, Option<&ServerTls>),
     file_size: &mut usize,
 ) {
     let Some(path) = path else {
@@ -491,6 +508,11 @@ fn reload(
                 (Some(tls), Some(files)) => reload_tls(tls, files),
                 (None, None) => {}
                 _ => warn!("SIGHUP: turning TLS on or off needs a restart; ignored"),
+            }
+            match (mysql_tls, &new.mysql.tls) {
+                (Some(tls), Some(files)) => reload_tls(tls, files),
+                (None, None) => {}
+                _ => warn!("SIGHUP: turning the MySQL port's TLS on or off needs a restart; ignored"),
             }
             let listen_sans_tls = |l: &config::Listen| config::Listen { tls: None, ..l.clone() };
             if new.backend != ctx.config.backend

@@ -22,8 +22,8 @@ pub const CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA: u32 = 0x20_0000;
 pub const CLIENT_SESSION_TRACK: u32 = 0x80_0000;
 pub const CLIENT_DEPRECATE_EOF: u32 = 0x100_0000;
 
-/// What this front end advertises: only what it does. Not SSL (no TLS on this port yet),
-/// not MULTI_STATEMENTS/MULTI_RESULTS (one statement per COM_QUERY), not LOCAL_FILES.
+/// What this front end advertises: only what it does (and `CLIENT_SSL` when TLS is
+/// configured, [`greeting`]). Not MULTI_STATEMENTS/MULTI_RESULTS (one statement per COM_QUERY), not LOCAL_FILES.
 /// FOUND_ROWS: an UPDATE's affected rows become its "Rows matched". SESSION_TRACK: an OK's
 /// message is length-encoded, as servers write it, and clients that negotiate it (mysql2,
 /// Connector/C) read it so; no session state changes are reported (the flag
@@ -49,7 +49,8 @@ pub const NATIVE: &str = "mysql_native_password";
 pub const SHA2: &str = "caching_sha2_password";
 
 /// The greeting: protocol 10, `version`, the connection id, the scramble, capabilities.
-pub fn greeting(version: &str, conn_id: u32, nonce: &[u8; 20]) -> Vec<u8> {
+pub fn greeting(version: &str, conn_id: u32, nonce: &[u8; 20], tls: bool) -> Vec<u8> {
+    let caps = SERVER_CAPABILITIES | if tls { CLIENT_SSL } else { 0 };
     let mut p = Vec::with_capacity(96);
     p.push(10);
     p.extend_from_slice(version.as_bytes());
@@ -57,10 +58,10 @@ pub fn greeting(version: &str, conn_id: u32, nonce: &[u8; 20]) -> Vec<u8> {
     p.extend_from_slice(&conn_id.to_le_bytes());
     p.extend_from_slice(&nonce[..8]);
     p.push(0);
-    p.extend_from_slice(&(SERVER_CAPABILITIES as u16).to_le_bytes());
+    p.extend_from_slice(&(caps as u16).to_le_bytes());
     p.push(DEFAULT_COLLATION);
     p.extend_from_slice(&reply::SERVER_STATUS_AUTOCOMMIT.to_le_bytes());
-    p.extend_from_slice(&((SERVER_CAPABILITIES >> 16) as u16).to_le_bytes());
+    p.extend_from_slice(&((caps >> 16) as u16).to_le_bytes());
     p.push(21);
     p.extend_from_slice(&[0; 10]);
     p.extend_from_slice(&nonce[8..]);
@@ -68,6 +69,16 @@ pub fn greeting(version: &str, conn_id: u32, nonce: &[u8; 20]) -> Vec<u8> {
     p.extend_from_slice(NATIVE.as_bytes());
     p.push(0);
     p
+}
+
+/// Whether a packet after the greeting is an SSLRequest (32 bytes, `CLIENT_SSL` set): a
+/// handshake response is always longer (its user name's NUL comes after those 32).
+pub fn is_ssl_request(payload: &[u8]) -> bool {
+    payload.len() == 32
+        && payload[..4]
+            .try_into()
+            .map(u32::from_le_bytes)
+            .is_ok_and(|c| c & CLIENT_SSL != 0)
 }
 
 /// What a client's handshake response says.
@@ -96,6 +107,7 @@ pub fn parse_response(p: &[u8]) -> Result<Response, BadResponse> {
         return Err(bad("protocol 4.1 is required"));
     }
     if client_caps & CLIENT_SSL != 0 && p.len() == 32 {
+        // An SSLRequest where none was offered (the front end upgrades before this).
         return Err(BadResponse::NoTls);
     }
     let caps = client_caps & SERVER_CAPABILITIES;
@@ -170,7 +182,7 @@ mod tests {
     #[test]
     fn the_greeting_offers_a_20_byte_scramble_and_native_password() {
         let n = [b'a'; 20];
-        let g = greeting("10.11.6-MariaDB-osprey", 7, &n);
+        let g = greeting("10.11.6-MariaDB-osprey", 7, &n, false);
         assert_eq!(g[0], 10);
         assert!(g.ends_with(b"mysql_native_password\0"));
     }

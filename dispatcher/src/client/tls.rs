@@ -138,6 +138,8 @@ impl ServerTls {
 pub enum ClientRead {
     Plain(OwnedReadHalf),
     Tls(ReadHalf<TlsStream<TcpStream>>),
+    /// Nothing (its stream was taken, for a TLS upgrade): reads end at once.
+    Closed,
 }
 
 /// What a client connection writes to, and when it last took bytes from us.
@@ -149,6 +151,7 @@ pub struct ClientWrite {
 enum WriteIo {
     Plain(OwnedWriteHalf),
     Tls(WriteHalf<TlsStream<TcpStream>>),
+    Closed,
 }
 
 /// When a connection's socket last took bytes, shared with its writer task: the write
@@ -188,6 +191,22 @@ impl ClientWrite {
         }
     }
 
+    /// A writer with no stream (its stream was taken, for a TLS upgrade).
+    pub fn closed() -> ClientWrite {
+        ClientWrite {
+            io: WriteIo::Closed,
+            progress: Progress::new(),
+        }
+    }
+
+    /// The plain TCP half, if it is one (a MySQL client's SSLRequest upgrades it).
+    pub fn into_plain(self) -> Option<OwnedWriteHalf> {
+        match self.io {
+            WriteIo::Plain(w) => Some(w),
+            _ => None,
+        }
+    }
+
     fn tls(w: WriteHalf<TlsStream<TcpStream>>) -> ClientWrite {
         ClientWrite {
             io: WriteIo::Tls(w),
@@ -221,6 +240,7 @@ impl AsyncRead for ClientRead {
                 Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => Poll::Ready(Ok(())),
                 other => other,
             },
+            ClientRead::Closed => Poll::Ready(Ok(())),
         }
     }
 }
@@ -231,6 +251,7 @@ impl AsyncWrite for ClientWrite {
         let r = match &mut this.io {
             WriteIo::Plain(w) => Pin::new(w).poll_write(cx, buf),
             WriteIo::Tls(w) => Pin::new(w).poll_write(cx, buf),
+            WriteIo::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
         };
         wrote(&this.progress, r)
     }
@@ -244,6 +265,7 @@ impl AsyncWrite for ClientWrite {
         let r = match &mut this.io {
             WriteIo::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
             WriteIo::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+            WriteIo::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
         };
         wrote(&this.progress, r)
     }
@@ -252,6 +274,7 @@ impl AsyncWrite for ClientWrite {
         match &self.io {
             WriteIo::Plain(w) => w.is_write_vectored(),
             WriteIo::Tls(w) => w.is_write_vectored(),
+            WriteIo::Closed => false,
         }
     }
 
@@ -259,6 +282,7 @@ impl AsyncWrite for ClientWrite {
         match &mut self.get_mut().io {
             WriteIo::Plain(w) => Pin::new(w).poll_flush(cx),
             WriteIo::Tls(w) => Pin::new(w).poll_flush(cx),
+            WriteIo::Closed => Poll::Ready(Ok(())),
         }
     }
 
@@ -266,6 +290,33 @@ impl AsyncWrite for ClientWrite {
         match &mut self.get_mut().io {
             WriteIo::Plain(w) => Pin::new(w).poll_shutdown(cx),
             WriteIo::Tls(w) => Pin::new(w).poll_shutdown(cx),
+            WriteIo::Closed => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// Upgrades `socket` to TLS (a MySQL client's SSLRequest), within `limit`: the TLS
+/// session's halves, or `None` (logged) when the handshake failed.
+pub async fn upgrade(
+    socket: TcpStream,
+    tls: &ServerTls,
+    limit: Duration,
+    metrics: &Metrics,
+) -> Option<(ClientRead, ClientWrite)> {
+    match tokio::time::timeout(limit, tls.acceptor().accept(socket)).await {
+        Ok(Ok(stream)) => {
+            let (rd, wr) = tokio::io::split(stream);
+            Some((ClientRead::Tls(rd), ClientWrite::tls(wr)))
+        }
+        Ok(Err(e)) => {
+            info!("MySQL client refused: TLS handshake failed: {e}");
+            metrics.tls_refused("handshake");
+            None
+        }
+        Err(_) => {
+            info!("MySQL client refused: TLS handshake not done within the handshake timeout");
+            metrics.tls_refused("timeout");
+            None
         }
     }
 }

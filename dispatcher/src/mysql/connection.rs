@@ -19,7 +19,6 @@ use osprey_protocol::{
     Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, Request, Rows, SessionOpened, TransactionOutcome, Value,
 };
 use osprey_sql::vars::{parse_set, Set};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, info, warn, Instrument};
@@ -35,6 +34,7 @@ use super::packet::{PacketError, PacketReader, PacketWriter};
 use super::Front;
 use crate::admit::admit;
 use crate::admit::session::Sessions;
+use crate::client::tls::{ClientRead, ClientWrite};
 use crate::ctx::Ctx;
 use crate::request::streams::{outbox, ClientShared, Inbox};
 
@@ -57,8 +57,8 @@ const SERVER_MORE_RESULTS_EXISTS: u16 = 0x0008;
 /// Before login, a client may not make us buffer more than a handshake response.
 const HANDSHAKE_MAX: usize = 8 * 1024;
 
-type Reader = PacketReader<OwnedReadHalf>;
-type Writer = PacketWriter<OwnedWriteHalf>;
+type Reader = PacketReader<ClientRead>;
+type Writer = PacketWriter<ClientWrite>;
 
 /// Serves one accepted connection until it ends.
 pub async fn serve(
@@ -82,8 +82,9 @@ pub async fn serve(
 
 async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer: SocketAddr, id: u64) {
     let (rd, wr) = socket.into_split();
-    let mut reader = PacketReader::new(rd, HANDSHAKE_MAX, Duration::from_millis(front.config.read_timeout_ms));
-    let mut writer = PacketWriter::new(wr, ctx.client_write_timeout());
+    let read_timeout = Duration::from_millis(front.config.read_timeout_ms);
+    let mut reader = PacketReader::new(ClientRead::Plain(rd), HANDSHAKE_MAX, read_timeout);
+    let mut writer = PacketWriter::new(ClientWrite::plain(wr), ctx.client_write_timeout());
     let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
     if front.auth_blocked(peer.ip()) {
         writer.packet(&reply::err(
@@ -108,10 +109,58 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         return;
     };
     let nonce = login::nonce();
-    writer.packet(&handshake::greeting(&front.version(ctx), id as u32, &nonce));
+    let tls = front.tls.clone();
+    writer.packet(&handshake::greeting(
+        &front.version(ctx),
+        id as u32,
+        &nonce,
+        tls.is_some(),
+    ));
+    let mut secure = false;
     let login = async {
         writer.flush().await?;
-        login::login(&mut reader, &mut writer, &front.users, &nonce, &peer.ip().to_string()).await
+        let (seq, first) = reader.read(Some(1)).await?;
+        let first = match (handshake::is_ssl_request(&first), &tls) {
+            (true, Some(tls)) => {
+                // SSLRequest: the rest of the login runs over TLS. Nothing may have come
+                // after it in clear.
+                if reader.buffered_len() > 0 {
+                    return Err(login::LoginError::Bad(handshake::BadResponse::Malformed(
+                        "bytes in clear after the SSLRequest",
+                    )));
+                }
+                let (ClientRead::Plain(rd), Some(wr)) = (
+                    std::mem::replace(&mut reader, PacketReader::new(ClientRead::Closed, 0, read_timeout)).into_inner(),
+                    std::mem::replace(&mut writer, PacketWriter::new(ClientWrite::closed(), Duration::ZERO))
+                        .into_inner()
+                        .into_plain(),
+                ) else {
+                    return Err(PacketError::Closed.into());
+                };
+                let socket = rd.reunite(wr).map_err(|_| PacketError::Closed)?;
+                let Some((r, w)) = crate::client::tls::upgrade(socket, tls, limit, &ctx.metrics).await else {
+                    return Err(PacketError::Closed.into());
+                };
+                reader = PacketReader::new(r, HANDSHAKE_MAX, read_timeout);
+                writer = PacketWriter::new(w, ctx.client_write_timeout());
+                writer.seq = seq.wrapping_add(1);
+                secure = true;
+                None
+            }
+            _ => {
+                writer.seq = seq.wrapping_add(1);
+                Some((seq, first))
+            }
+        };
+        login::login(
+            &mut reader,
+            &mut writer,
+            &front.users,
+            &nonce,
+            &peer.ip().to_string(),
+            first,
+        )
+        .await
     };
     let login = match tokio::time::timeout(limit, login).await {
         Err(_) => {
@@ -132,6 +181,15 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         Ok(Ok(login)) => login,
     };
     drop(_slot);
+    if front.config.require_secure_transport && !secure {
+        writer.packet(&reply::err(
+            3159,
+            "08004",
+            "Connections using insecure transport are prohibited while --require_secure_transport=ON.",
+        ));
+        let _ = writer.flush().await;
+        return;
+    }
     let Some(_user_slot) = front.user_slot(login.user) else {
         writer.packet(&reply::err(
             1203,

@@ -68,12 +68,18 @@ pub async fn login<R, W>(
     users: &[MysqlUser],
     nonce: &[u8; 20],
     host: &str,
+    first: Option<(u8, bytes::BytesMut)>,
 ) -> Result<Login, LoginError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let (seq, payload) = reader.read(Some(1)).await?;
+    // `first`: the response when it was read already (a plain client's, read to tell it
+    // from an SSLRequest).
+    let (seq, payload) = match first {
+        Some(p) => p,
+        None => reader.read(Some(writer.seq)).await?,
+    };
     writer.seq = seq.wrapping_add(1);
     let r = parse_response(&payload)?;
     let found = users.iter().position(|u| u.name == r.user);

@@ -36,6 +36,8 @@ const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// What every MySQL connection shares.
 pub struct Front {
     pub config: MysqlConfig,
+    /// `[mysql.tls]`: offered to clients that ask (SSLRequest); SIGHUP reloads it.
+    pub tls: Option<Arc<crate::client::tls::ServerTls>>,
     pub users: Vec<MysqlUser>,
     metrics: Arc<Metrics>,
     pub started: Instant,
@@ -53,9 +55,10 @@ impl Drop for UserSlot {
 }
 
 impl Front {
-    pub fn new(config: MysqlConfig, metrics: Arc<Metrics>) -> Front {
+    pub fn new(config: MysqlConfig, tls: Option<Arc<crate::client::tls::ServerTls>>, metrics: Arc<Metrics>) -> Front {
         let users = config.users.clone();
         Front {
+            tls,
             per_user: users.iter().map(|_| Arc::default()).collect(),
             users,
             config,

@@ -48,6 +48,16 @@ impl<R: AsyncRead + Unpin> PacketReader<R> {
         }
     }
 
+    /// The reader's bytes so far and its stream (to upgrade the stream to TLS: nothing may
+    /// be buffered then, which the caller checks).
+    pub fn buffered_len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn into_inner(self) -> R {
+        self.io
+    }
+
     pub fn set_max(&mut self, max: usize) {
         self.max = max;
     }

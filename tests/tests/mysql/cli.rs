@@ -197,3 +197,29 @@ async fn logins_are_checked_with_both_plugins_and_failures_are_limited() {
     let m = rig.cluster.dispatcher.metrics().await.unwrap();
     assert!(m.contains("osprey_mysql_auth_failures_total 3"), "{m}");
 }
+
+/// TLS on the MySQL port: the mariadb client upgrades with SSLRequest and logs in over
+/// TLS; with require_secure_transport a client that does not is refused with 3159.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_by_sslrequest_and_require_secure_transport() {
+    let ca = osprey_tests::pki::TestCa::new("mysql-tls").unwrap();
+    let leaf = ca.server("mysql-server", &["localhost", "127.0.0.1"]).unwrap();
+    let keys = format!(
+        "require_secure_transport = true\n[mysql.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+        leaf.cert_file.display().to_string(),
+        leaf.key_file.display().to_string()
+    );
+    let rig = Rig::start_with(&keys, "").await;
+    let mut args = vec!["--ssl".to_string()];
+    args.extend(rig.osprey_args());
+    let tls = run("mariadb", args, Some("\\s\nSELECT 6 * 7;\n".into())).await;
+    let out = text(&tls.stdout);
+    assert!(tls.status.success(), "{}", text(&tls.stderr));
+    assert!(out.contains("Cipher in use"), "the session is TLS: {out}");
+    assert!(out.contains("42"), "{out}");
+    let mut args = vec!["--skip-ssl".to_string()];
+    args.extend(rig.osprey_args());
+    args.extend(["-e".into(), "SELECT 1".into()]);
+    let plain = run("mariadb", args, None).await;
+    assert!(text(&plain.stderr).contains("ERROR 3159"), "{}", text(&plain.stderr));
+}
