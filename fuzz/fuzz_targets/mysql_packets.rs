@@ -1,11 +1,12 @@
-//! The MySQL front end's input paths (`osprey-mysql`): a client's handshake response, a
+//! The MySQL front end's input paths (`osprey-mysql`): a client's handshake response and
+//! `COM_CHANGE_USER`, a
 //! `COM_STMT_EXECUTE` and `COM_STMT_SEND_LONG_DATA` body for a statement of 0 to 8
 //! parameters, and a query's text through what the front end reads from it (SET, USE,
 //! pins, several statements).
 //! Input: `[params, bytes…]`; the bytes are each of those in turn.
 #![no_main]
 
-use osprey_mysql::handshake::parse_response;
+use osprey_mysql::handshake::{parse_change_user, parse_response};
 use osprey_mysql::prepared::Statements;
 use osprey_mysql::state::{self, ClientState};
 use osprey_protocol::Column;
@@ -16,6 +17,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = parse_response(rest);
+    let _ = parse_change_user(rest, u32::from(first) << 8 | u32::from(first) << 12);
     check_execute(first, rest);
     let sql = String::from_utf8_lossy(rest);
     check_text(&sql, first);

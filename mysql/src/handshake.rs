@@ -157,6 +157,44 @@ pub fn parse_response(p: &[u8]) -> Result<Response, BadResponse> {
     })
 }
 
+/// What a `COM_CHANGE_USER` says (its body, the command byte taken off).
+#[derive(Debug)]
+pub struct ChangeUser {
+    pub user: String,
+    pub auth: Vec<u8>,
+    pub schema: Option<String>,
+    pub collation: Option<u8>,
+    pub plugin: Option<String>,
+}
+
+/// Reads a `COM_CHANGE_USER` body under the capabilities `caps` the connection has.
+pub fn parse_change_user(p: &[u8], caps: u32) -> Result<ChangeUser, BadResponse> {
+    let bad = BadResponse::Malformed;
+    let mut c = Cursor(p);
+    let user = text(c.cstr().ok_or(bad("no user name"))?);
+    let auth = if caps & CLIENT_SECURE_CONNECTION != 0 {
+        let n = c.u8().ok_or(bad("auth data"))?;
+        c.take(usize::from(n)).ok_or(bad("auth data"))?
+    } else {
+        c.cstr().ok_or(bad("auth data"))?
+    }
+    .to_vec();
+    let schema = c.cstr().map(text).filter(|s| !s.is_empty());
+    let collation = c.u16().map(|cs| cs as u8);
+    let plugin = if caps & CLIENT_PLUGIN_AUTH != 0 {
+        c.cstr().map(text)
+    } else {
+        None
+    };
+    Ok(ChangeUser {
+        user,
+        auth,
+        schema,
+        collation,
+        plugin,
+    })
+}
+
 /// A handshake response that cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BadResponse {

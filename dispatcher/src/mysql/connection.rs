@@ -43,6 +43,7 @@ const COM_INIT_DB: u8 = 0x02;
 const COM_QUERY: u8 = 0x03;
 const COM_FIELD_LIST: u8 = 0x04;
 const COM_STATISTICS: u8 = 0x09;
+const COM_CHANGE_USER: u8 = 0x11;
 const COM_PING: u8 = 0x0E;
 const COM_STMT_PREPARE: u8 = 0x16;
 const COM_STMT_EXECUTE: u8 = 0x17;
@@ -190,7 +191,7 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         let _ = writer.flush().await;
         return;
     }
-    let Some(_user_slot) = front.user_slot(login.user) else {
+    let Some(user_slot) = front.user_slot(login.user) else {
         writer.packet(&reply::err(
             1203,
             "42000",
@@ -257,6 +258,9 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         blob_params: Vec::new(),
         long_data_error: None,
         login,
+        nonce,
+        peer,
+        user_slot,
     };
     // A database named at connect must exist, as on a server.
     if let Some(db) = conn.state.schema.clone() {
@@ -292,6 +296,8 @@ enum Ended {
     Draining,
     #[error("the pinned database session was lost")]
     SessionLost,
+    #[error("COM_CHANGE_USER refused")]
+    ChangeUserRefused,
     #[error("osprey: {0}")]
     Internal(String),
 }
@@ -300,6 +306,11 @@ struct Conn {
     ctx: Arc<Ctx>,
     front: Arc<Front>,
     login: Login,
+    /// The greeting's scramble (COM_CHANGE_USER answers it again).
+    nonce: [u8; 20],
+    peer: SocketAddr,
+    /// This connection counted against its user's `max_connections`.
+    user_slot: super::UserSlot,
     /// What the client's statements must see.
     state: ClientState,
     /// The state right after login (COM_RESET_CONNECTION goes back to it).
@@ -400,7 +411,7 @@ impl Conn {
                 continue;
             };
             self.front.m().command(command);
-            if let Err(ended) = self.command(command, body, writer).await {
+            if let Err(ended) = self.command(command, body, reader, writer).await {
                 return ended;
             }
             if let Err(e) = writer.flush().await {
@@ -409,7 +420,7 @@ impl Conn {
         }
     }
 
-    async fn command(&mut self, command: u8, body: &[u8], w: &mut Writer) -> Result<(), Ended> {
+    async fn command(&mut self, command: u8, body: &[u8], r: &mut Reader, w: &mut Writer) -> Result<(), Ended> {
         // A session that ended while the client was idle (idle-in-transaction timeout, an
         // operator, a lost worker): the client's transaction or state is gone.
         self.take_session_news();
@@ -421,6 +432,7 @@ impl Conn {
         }
         match command {
             COM_QUIT => Err(Ended::Quit),
+            COM_CHANGE_USER => self.change_user(body, r, w).await,
             COM_PING => {
                 w.packet(&reply::ok(0, 0, 0, self.status(), 0));
                 Ok(())
@@ -994,6 +1006,85 @@ impl Conn {
         ));
         let _ = w.flush().await;
         Err(Ended::SessionLost)
+    }
+
+    /// `COM_CHANGE_USER`: the new user checked (an auth switch if its plugin asks), then
+    /// everything of the old one goes (its session rolled back and its worker reset, its
+    /// state, its prepared statements), as on a server. A refusal closes the connection.
+    async fn change_user(&mut self, body: &[u8], r: &mut Reader, w: &mut Writer) -> Result<(), Ended> {
+        let c = match handshake::parse_change_user(body, self.login.caps) {
+            Ok(c) => c,
+            Err(e) => {
+                w.packet(&reply::err(1043, "08S01", &e.to_string()));
+                let _ = w.flush().await;
+                return Err(Ended::ChangeUserRefused);
+            }
+        };
+        let host = self.peer.ip().to_string();
+        let front = self.front.clone();
+        let index = match login::authenticate(
+            r,
+            w,
+            &front.users,
+            &self.nonce,
+            &host,
+            &c.user,
+            c.plugin.as_deref(),
+            c.auth,
+        )
+        .await
+        {
+            Ok(index) => index,
+            Err(e) => {
+                info!("MySQL change of user refused: {e}");
+                if matches!(e, login::LoginError::Denied { .. }) {
+                    front.auth_failed(self.peer.ip());
+                }
+                if let Some(p) = e.reply() {
+                    w.packet(&p);
+                    let _ = w.flush().await;
+                }
+                return Err(Ended::ChangeUserRefused);
+            }
+        };
+        let Some(slot) = front.user_slot(index) else {
+            w.packet(&reply::err(
+                1203,
+                "42000",
+                &format!(
+                    "User {} already has more than 'max_user_connections' active connections",
+                    c.user
+                ),
+            ));
+            let _ = w.flush().await;
+            return Err(Ended::ChangeUserRefused);
+        };
+        self.user_slot = slot;
+        self.end_session();
+        let user = &front.users[index];
+        let schema = c.schema.or_else(|| user.schema.clone());
+        self.login_state = ClientState::new(schema.clone(), c.collation.unwrap_or(self.login.collation));
+        self.state = self.login_state.clone();
+        self.sticky = None;
+        self.stmts = prepared::Statements::default();
+        self.long_data_error = None;
+        self.row_count = -1;
+        self.last_insert_id = 0;
+        self.last_gtid = None;
+        self.cluster = user.cluster.clone();
+        self.login.user = index;
+        self.login.name = c.user;
+        let tenant = (self.ctx.client_tokens.len() + index) as u32;
+        for group in &self.ctx.groups {
+            group.open_conn(self.shared.id, tenant);
+        }
+        if let Some(db) = schema {
+            if let Err(e) = self.check_schema(&db).await {
+                return self.error(w, &e);
+            }
+        }
+        w.packet(&reply::ok(0, 0, 0, self.status(), 0));
+        Ok(())
     }
 
     /// What became of the transaction of the session opened on `id`, which ended: its

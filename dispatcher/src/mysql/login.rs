@@ -82,13 +82,75 @@ where
     };
     writer.seq = seq.wrapping_add(1);
     let r = parse_response(&payload)?;
-    let found = users.iter().position(|u| u.name == r.user);
+    let index = authenticate(
+        reader,
+        writer,
+        users,
+        nonce,
+        host,
+        &r.user,
+        r.plugin.as_deref(),
+        r.auth.clone(),
+    )
+    .await?;
+    let user = &users[index];
+    Ok(Login {
+        user: index,
+        name: r.user,
+        caps: r.caps,
+        collation: r.collation,
+        schema: r.schema.or_else(|| user.schema.clone()),
+        attrs: r.attrs,
+    })
+}
+
+/// One answer against one stored hash. An empty answer is an empty password; a trailing
+/// NUL some clients add to the native answer is not part of it.
+fn check(hash: &str, answer: &[u8], nonce: &[u8; 20], native: bool) -> bool {
+    let answer = match answer {
+        [a @ .., 0] if native && a.len() == 20 => a,
+        a => a,
+    };
+    if answer.is_empty() {
+        return if native {
+            hash == mysql_auth::native_hash("")
+        } else {
+            hash == mysql_auth::sha2_hash("")
+        };
+    }
+    if native {
+        mysql_auth::verify_native(hash, nonce, answer)
+    } else {
+        mysql_auth::verify_sha2(hash, nonce, answer)
+    }
+}
+
+/// Checks a login's (or a `COM_CHANGE_USER`'s) answer for user `name`, switching the
+/// client to another plugin when it started with one this user cannot check: the user's
+/// index, or `Denied`. Queues the "fast auth succeeded" of `caching_sha2_password`; the OK
+/// is the caller's.
+#[allow(clippy::too_many_arguments)]
+pub async fn authenticate<R, W>(
+    reader: &mut PacketReader<R>,
+    writer: &mut PacketWriter<W>,
+    users: &[MysqlUser],
+    nonce: &[u8; 20],
+    host: &str,
+    name: &str,
+    plugin: Option<&str>,
+    auth: Vec<u8>,
+) -> Result<usize, LoginError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let found = users.iter().position(|u| u.name == name);
     let denied = |using: bool| LoginError::Denied {
-        user: r.user.clone(),
+        user: name.to_string(),
         host: host.to_string(),
         using: if using { "YES" } else { "NO" },
     };
-    let plugin = r.plugin.as_deref().unwrap_or(NATIVE);
+    let plugin = plugin.unwrap_or(NATIVE);
     // An unknown user goes through the same steps as a known one (a switch if the
     // plugin asks for one) so that the answer does not tell which names exist.
     let user = found.map(|i| &users[i]);
@@ -101,9 +163,9 @@ where
     };
     // A caching_sha2_password client that starts with no answer (libmariadb's plugin,
     // when the greeting named another) waits to be switched to its own plugin.
-    let waits = plugin == SHA2 && r.auth.is_empty();
+    let waits = plugin == SHA2 && auth.is_empty();
     let (plugin, answer) = if can(plugin) && !waits {
-        (plugin, r.auth.clone())
+        (plugin, auth)
     } else {
         // Auth switch: to caching_sha2 for a client that asked for it and a user that has
         // its hash; else to native if the user has it; else to caching_sha2.
@@ -145,33 +207,5 @@ where
         // caching_sha2_password: "fast auth succeeded", then the OK.
         writer.packet(&[0x01, 0x03]);
     }
-    Ok(Login {
-        user: index,
-        name: r.user,
-        caps: r.caps,
-        collation: r.collation,
-        schema: r.schema.or_else(|| user.schema.clone()),
-        attrs: r.attrs,
-    })
-}
-
-/// One answer against one stored hash. An empty answer is an empty password; a trailing
-/// NUL some clients add to the native answer is not part of it.
-fn check(hash: &str, answer: &[u8], nonce: &[u8; 20], native: bool) -> bool {
-    let answer = match answer {
-        [a @ .., 0] if native && a.len() == 20 => a,
-        a => a,
-    };
-    if answer.is_empty() {
-        return if native {
-            hash == mysql_auth::native_hash("")
-        } else {
-            hash == mysql_auth::sha2_hash("")
-        };
-    }
-    if native {
-        mysql_auth::verify_native(hash, nonce, answer)
-    } else {
-        mysql_auth::verify_sha2(hash, nonce, answer)
-    }
+    Ok(index)
 }

@@ -295,3 +295,46 @@ async fn prepared_statements_bind_and_return_what_the_database_does() {
         "{bad:?}"
     );
 }
+
+/// COM_CHANGE_USER (mysql_async's `change_user`): the new user's password is checked,
+/// everything of the old one goes (its pinned session, its variables), the new one's
+/// default database applies; a wrong password closes the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_user_checks_the_new_user_and_starts_afresh() {
+    let other = format!(
+        "[[mysql.users]]\nname = \"other\"\nnative_hash = \"{}\"\nschema = \"cu_other\"\n",
+        osprey_protocol::mysql_auth::native_hash("other-pw")
+    );
+    let rig = Rig::start(&other).await;
+    let mut a = rig.conn().await;
+    a.query_drop("CREATE DATABASE IF NOT EXISTS cu_other").await.unwrap();
+    a.query_drop("SET @x = 41").await.unwrap();
+    let s = rig.cluster.dispatcher.admin_get("/sessions").await.unwrap();
+    assert_eq!(s.as_array().map(Vec::len), Some(1), "a user variable pins: {s}");
+    // No database named: the new user's configured one applies.
+    let opts = mysql_async::ChangeUserOpts::default()
+        .with_user(Some("other".into()))
+        .with_pass(Some("other-pw".into()))
+        .with_db_name(None);
+    a.change_user(opts).await.unwrap();
+    osprey_tests::harness::wait_for(Duration::from_secs(5), "the old session ends", || async {
+        let s = rig.cluster.dispatcher.admin_get("/sessions").await.ok()?;
+        (s.as_array()?.is_empty()).then_some(())
+    })
+    .await
+    .unwrap();
+    let (db,): (Option<String>,) = a.query_first("SELECT DATABASE()").await.unwrap().unwrap();
+    assert_eq!(db.as_deref(), Some("cu_other"), "the new user's database");
+    let (x,): (Option<i64>,) = a.query_first("SELECT @x").await.unwrap().unwrap();
+    assert_eq!(x, None, "nothing of the old user's session");
+    let bad = mysql_async::ChangeUserOpts::default()
+        .with_user(Some("other".into()))
+        .with_pass(Some("wrong".into()));
+    let e = a.change_user(bad).await.unwrap_err();
+    assert!(format!("{e:?}").contains("1045"), "{e:?}");
+    assert!(
+        a.query_drop("SELECT 1").await.is_err(),
+        "closed after a refused change of user"
+    );
+    a.query_drop("DROP DATABASE IF EXISTS cu_other").await.ok();
+}
