@@ -49,6 +49,12 @@ pub enum StmtError {
 }
 
 impl StmtError {
+    /// The ERR packet a client gets.
+    pub fn reply(&self) -> Vec<u8> {
+        let (errno, state) = self.errno();
+        crate::reply::err(errno, state, &self.to_string())
+    }
+
     pub fn errno(&self) -> (u16, &'static str) {
         match self {
             StmtError::TooMany => (1461, "42000"),

@@ -36,6 +36,16 @@ pub fn rows_matched(info: &str) -> Option<u64> {
     rest.split_whitespace().next()?.parse().ok()
 }
 
+/// What ends a result set's rows: an OK with the 0xFE header when the client negotiated
+/// `CLIENT_DEPRECATE_EOF`, else the classic EOF.
+pub fn terminator(deprecate_eof: bool, status: u16, warnings: u16) -> Vec<u8> {
+    if deprecate_eof {
+        ok(0xFE, 0, 0, status, warnings)
+    } else {
+        eof(status, warnings)
+    }
+}
+
 /// The classic EOF packet.
 pub fn eof(status: u16, warnings: u16) -> Vec<u8> {
     let mut p = vec![0xFE];

@@ -517,8 +517,7 @@ impl Conn {
                 match self.stmts.reset(id) {
                     Ok(()) => w.packet(&reply::ok(0, 0, 0, self.status(), 0)),
                     Err(e) => {
-                        let (errno, state) = e.errno();
-                        w.packet(&reply::err(errno, state, &e.to_string()));
+                        w.packet(&e.reply());
                     }
                 }
                 Ok(())
@@ -568,11 +567,6 @@ impl Conn {
     /// One statement: from `COM_QUERY` (`params` None: the text protocol) or a prepared
     /// statement's `COM_STMT_EXECUTE` (the binary protocol).
     async fn statement(&mut self, sql: &str, params: Option<Vec<Value>>, w: &mut Writer) -> Result<(), Ended> {
-        if self.session.is_none() && (self.in_transaction || self.sticky.is_some()) {
-            // Pinned state was lost with its session: the client must know.
-            let outcome = self.lost_outcome.take();
-            return self.lost(w, outcome).await;
-        }
         let text = params.is_none();
         if text && state::several_statements(sql) {
             // Multi-statements are not offered: as a server without them would.
@@ -662,11 +656,7 @@ impl Conn {
             rows: vec![vec![value]],
         })
         .await?;
-        if deprecate_eof {
-            w.packet(&reply::ok(0xFE, 0, 0, status, 0));
-        } else {
-            w.packet(&reply::eof(status, 0));
-        }
+        w.packet(&reply::terminator(deprecate_eof, status, 0));
         self.row_count = -1;
         Ok(())
     }
@@ -674,10 +664,6 @@ impl Conn {
     /// `COM_STMT_PREPARE`: the statement described by a worker (its parameters and
     /// columns), kept under an id of the dispatcher's.
     async fn prepare(&mut self, sql: String, w: &mut Writer) -> Result<(), Ended> {
-        if self.session.is_none() && (self.in_transaction || self.sticky.is_some()) {
-            let outcome = self.lost_outcome.take();
-            return self.lost(w, outcome).await;
-        }
         let mut request = self.request(sql.clone());
         request.prepare_only = true;
         request.text_rows = false;
@@ -699,8 +685,7 @@ impl Conn {
         let id = match self.stmts.add(sql, params, columns) {
             Ok(id) => id,
             Err(e) => {
-                let (errno, state) = e.errno();
-                w.packet(&reply::err(errno, state, &e.to_string()));
+                w.packet(&e.reply());
                 return Ok(());
             }
         };
@@ -723,8 +708,7 @@ impl Conn {
     /// `COM_STMT_EXECUTE`.
     async fn execute_prepared(&mut self, body: &[u8], w: &mut Writer) -> Result<(), Ended> {
         if let Some(e) = self.long_data_error.take() {
-            let (errno, state) = e.errno();
-            w.packet(&reply::err(errno, state, &e.to_string()));
+            w.packet(&e.reply());
             return Ok(());
         }
         match self.stmts.execute(body) {
@@ -734,8 +718,7 @@ impl Conn {
                 self.statement(&sql, Some(execute.values), w).await
             }
             Err(e) => {
-                let (errno, state) = e.errno();
-                w.packet(&reply::err(errno, state, &e.to_string()));
+                w.packet(&e.reply());
                 Ok(())
             }
         }
@@ -867,11 +850,7 @@ impl Conn {
                 self.in_transaction = answer.end.in_transaction && self.session.is_some();
                 let status = self.status();
                 let warnings = answer.end.warnings.min(u32::from(u16::MAX)) as u16;
-                if self.deprecate_eof {
-                    w.packet(&reply::ok(0xFE, 0, 0, status, warnings));
-                } else {
-                    w.packet(&reply::eof(status, warnings));
-                }
+                w.packet(&reply::terminator(self.deprecate_eof, status, warnings));
             }
         }
         Ok(answer)
@@ -1221,12 +1200,11 @@ impl Sink<'_> {
                 if after_another {
                     // A statement with several results (a CALL): the one before ends with
                     // "more results".
-                    let status = status | SERVER_MORE_RESULTS_EXISTS;
-                    if *deprecate_eof {
-                        w.packet(&reply::ok(0xFE, 0, 0, status, 0));
-                    } else {
-                        w.packet(&reply::eof(status, 0));
-                    }
+                    w.packet(&reply::terminator(
+                        *deprecate_eof,
+                        status | SERVER_MORE_RESULTS_EXISTS,
+                        0,
+                    ));
                 }
                 let mut count = Vec::with_capacity(9);
                 osprey_mysql::codec::put_lenenc_int(&mut count, cols.columns.len() as u64);
