@@ -95,6 +95,7 @@ pub fn check_body_of_kind(kind: Kind, payload: Bytes) {
         Kind::Columns => drop(decoded::<Columns>(&frame)),
         Kind::Rows => drop(decoded::<Rows>(&frame)),
         Kind::End => drop(decoded::<End>(&frame)),
+        Kind::ResultEnd => drop(decoded::<ResultEnd>(&frame)),
         Kind::Error => {
             if let Some(e) = decoded::<ErrorBody>(&frame) {
                 let _ = e.to_string();

@@ -16,6 +16,7 @@ pub const CLIENT_TRANSACTIONS: u32 = 0x2000;
 pub const CLIENT_SECURE_CONNECTION: u32 = 0x8000;
 pub const CLIENT_MULTI_STATEMENTS: u32 = 0x1_0000;
 pub const CLIENT_MULTI_RESULTS: u32 = 0x2_0000;
+pub const CLIENT_PS_MULTI_RESULTS: u32 = 0x4_0000;
 pub const CLIENT_PLUGIN_AUTH: u32 = 0x8_0000;
 pub const CLIENT_CONNECT_ATTRS: u32 = 0x10_0000;
 pub const CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA: u32 = 0x20_0000;
@@ -23,7 +24,8 @@ pub const CLIENT_SESSION_TRACK: u32 = 0x80_0000;
 pub const CLIENT_DEPRECATE_EOF: u32 = 0x100_0000;
 
 /// What this front end advertises: only what it does (and `CLIENT_SSL` when TLS is
-/// configured, [`greeting`]). Not MULTI_STATEMENTS/MULTI_RESULTS (one statement per COM_QUERY), not LOCAL_FILES.
+/// configured, [`greeting`]). MULTI_STATEMENTS, MULTI_RESULTS, PS_MULTI_RESULTS: several
+/// statements in one COM_QUERY and each result of a CALL apart. Not LOCAL_FILES.
 /// FOUND_ROWS: an UPDATE's affected rows become its "Rows matched". SESSION_TRACK: an OK's
 /// message is length-encoded, as servers write it, and clients that negotiate it (mysql2,
 /// Connector/C) read it so; no session state changes are reported (the flag
@@ -36,6 +38,9 @@ pub const SERVER_CAPABILITIES: u32 = CLIENT_LONG_PASSWORD
     | CLIENT_INTERACTIVE
     | CLIENT_TRANSACTIONS
     | CLIENT_SECURE_CONNECTION
+    | CLIENT_MULTI_STATEMENTS
+    | CLIENT_MULTI_RESULTS
+    | CLIENT_PS_MULTI_RESULTS
     | CLIENT_PLUGIN_AUTH
     | CLIENT_CONNECT_ATTRS
     | CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA

@@ -170,15 +170,35 @@ pub fn counter_query(sql: &str) -> Option<Counter> {
 /// multi-statements refuses. A compound statement (`BEGIN NOT ATOMIC … END`, `IF`, a loop)
 /// and a stored program's body are one statement.
 pub fn several_statements(sql: &str) -> bool {
+    let code = osprey_sql::code_text(sql).to_ascii_lowercase();
+    let mut words = code
+        .split(|c: char| c.is_whitespace() || c == ';')
+        .filter(|w| !w.is_empty());
+    let first = words.next().unwrap_or("");
+    // `BEGIN NOT ATOMIC … END` is one statement; `BEGIN; …` starts a transaction.
+    let compound = match first {
+        "begin" => words.next() == Some("not"),
+        "if" | "case" | "loop" | "while" | "repeat" | "create" | "alter" | "declare" => true,
+        _ => first.ends_with(':'),
+    };
+    !compound && code.split(';').filter(|p| !p.trim().is_empty()).count() > 1
+}
+
+/// The statements of a multi-statement query, as written (split at the `;` that are
+/// code, not inside quotes or comments), blank ones left out.
+pub fn statements(sql: &str) -> Vec<&str> {
     let code = osprey_sql::code_text(sql);
-    let first = code.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
-    let compound = [
-        "begin", "if", "case", "loop", "while", "repeat", "create", "alter", "declare",
-    ];
-    if compound.contains(&first.as_str()) || first.ends_with(':') {
-        return false;
+    let mut parts = Vec::new();
+    let mut start = 0;
+    // `code_text` keeps every byte's place, so a `;` of the code is one of `sql`.
+    for (i, _) in code.match_indices(';').chain(std::iter::once((sql.len(), ""))) {
+        let part = &sql[start..i];
+        if !part.trim().is_empty() {
+            parts.push(part);
+        }
+        start = (i + 1).min(sql.len());
     }
-    code.split(';').filter(|p| !p.trim().is_empty()).count() > 1
+    parts
 }
 
 /// `USE db` as the front end reads it: the database name, unquoted.
@@ -243,6 +263,13 @@ mod tests {
         assert!(!several_statements("SELECT 1;"));
         assert!(!several_statements("SELECT ';'"));
         assert!(!several_statements("BEGIN NOT ATOMIC SELECT 1; SELECT 2; END"));
+        assert!(several_statements("BEGIN; UPDATE t SET a = 1; COMMIT"));
+        assert!(several_statements("begin work; select 1"));
+        assert_eq!(
+            statements("SELECT ';' AS a; /* ; */ UPDATE t SET b = 'x;y' ;; SELECT 2"),
+            vec!["SELECT ';' AS a", " /* ; */ UPDATE t SET b = 'x;y' ", " SELECT 2"]
+        );
+        assert_eq!(statements("SELECT 'é;'"), vec!["SELECT 'é;'"]);
         assert!(is_plain_end("COMMIT"));
         assert!(is_plain_end("rollback work;"));
         assert!(!is_plain_end("ROLLBACK TO SAVEPOINT a"));

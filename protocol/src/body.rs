@@ -390,6 +390,12 @@ pub struct Request {
     /// result set 1, none for a statement without rows), then `END`. No `params`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub prepare_only: bool,
+    /// Each result apart (protocol 1.7): when the statement(s) give several results
+    /// (several statements in `sql`, a `CALL`), each but the last ends with a
+    /// `RESULT_END` carrying its own counters, and `END` carries the last one's instead of
+    /// sums. Not with `batch`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub multi_results: bool,
     /// The default database the request runs in (protocol 1.6; absent: the backend's
     /// configured one). The worker changes its session's database first if it differs.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "schema_text")]
@@ -441,6 +447,9 @@ impl Request {
                 "a batch cannot run in a session (it is a transaction of its own): send its statements one by one"
                     .into(),
             );
+        }
+        if self.multi_results && !self.batch.is_empty() {
+            return Err("multi_results is for sql, not a batch (whose statements are one transaction)".into());
         }
         if self.session == Some(0) {
             return Err("session 0: a session is named by the id of the stream that opened it".into());
@@ -546,6 +555,28 @@ pub struct End {
     /// 1.6), e.g. `Rows matched: 2  Changed: 1  Warnings: 0`. Absent when it gave none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub info: Option<String>,
+}
+
+/// `RESULT_END` (worker → dispatcher → client, protocol 1.7): on a stream whose `REQUEST`
+/// asked for `multi_results`, the end of one result (a result set, or a statement's OK)
+/// when another result follows: several statements in one `sql`, or a `CALL`. The last
+/// result's counters are in `END`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
+pub struct ResultEnd {
+    /// This result's affected rows (0 for a result set).
+    pub affected_rows: u64,
+    /// The insert id this result's OK reported, when not 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_insert_id: Option<u64>,
+    /// The warnings this result's OK or EOF reported.
+    pub warnings: u32,
+    /// The server's message in this result's OK packet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<String>,
+    /// In a session: a transaction is open after this result (`SERVER_STATUS_IN_TRANS`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub in_transaction: bool,
 }
 
 /// What became of a session's transaction when the session ended without the client
@@ -779,5 +810,6 @@ named_bodies!(
     Columns,
     Rows,
     End,
+    ResultEnd,
     ErrorBody
 );

@@ -81,6 +81,9 @@ kinds! {
     /// A session is open on this stream (1.5): a worker is pinned to it until the
     /// stream's terminal frame.
     Session = 0x15,
+    /// One result of a request that asked for `multi_results` ended, and another follows
+    /// (1.7): that result's own counters.
+    ResultEnd = 0x16,
 }
 
 impl Kind {

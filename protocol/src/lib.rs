@@ -29,9 +29,9 @@ pub const PROTOCOL_MAJOR: u16 = 1;
 /// pipelining (`STARTED`, `CANCEL` reason `reclaim`, several requests written at once);
 /// 1.5 sessions (`REQUEST.open_session`/`session`, `SESSION`, `RESET`, `END.in_transaction`,
 /// `ERROR.transaction`); 1.6 what a front end needs (`REQUEST.text_rows`, `prepared`,
-/// `prepare_only`,
-/// `schema`, `vars`).
-pub const PROTOCOL_MINOR: u16 = 6;
+/// `prepare_only`, `schema`, `vars`); 1.7 each result apart (`REQUEST.multi_results`,
+/// `RESULT_END`).
+pub const PROTOCOL_MINOR: u16 = 7;
 
 /// The most requests a dispatcher writes to one worker before the first of them has
 /// ended (`pool.pipeline_depth`): a worker reads that many ahead while it executes.

@@ -352,6 +352,7 @@ fn kind_codes_are_the_documented_ones() {
         (Kind::End, 0x13, false),
         (Kind::Error, 0x14, false),
         (Kind::Session, 0x15, false),
+        (Kind::ResultEnd, 0x16, false),
     ];
     assert_eq!(Kind::ALL.len(), table.len());
     for (i, &(kind, code, control)) in table.iter().enumerate() {

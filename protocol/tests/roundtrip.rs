@@ -155,7 +155,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             any::<bool>(),
             prop::option::of(any::<String>()),
             prop::collection::vec(any::<(String, String)>(), 0..3),
-            any::<(bool, bool)>(),
+            any::<(bool, bool, bool)>(),
         ),
     )
         .prop_map(
@@ -168,7 +168,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 cluster,
                 causal_gtid,
                 (open_session, session),
-                (text_rows, schema, vars, (prepared, prepare_only)),
+                (text_rows, schema, vars, (prepared, prepare_only, multi_results)),
             )| Request {
                 sql,
                 params,
@@ -184,6 +184,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 text_rows,
                 prepared,
                 prepare_only,
+                multi_results,
                 blob_params: Vec::new(),
                 schema,
                 vars,
@@ -320,6 +321,18 @@ proptest! {
     fn session_opened(member in any::<String>(), slot in any::<u32>(), read_only in any::<bool>()) {
         let b = SessionOpened { member, slot, read_only };
         prop_assert_eq!(roundtrip(Kind::Session, 1, &b), b);
+    }
+
+    #[test]
+    fn result_end(
+        affected_rows in any::<u64>(),
+        last_insert_id in proptest::option::of(any::<u64>()),
+        warnings in any::<u32>(),
+        info in proptest::option::of(any::<String>()),
+        in_transaction in any::<bool>(),
+    ) {
+        let b = ResultEnd { affected_rows, last_insert_id, warnings, info, in_transaction };
+        prop_assert_eq!(roundtrip(Kind::ResultEnd, 1, &b), b);
     }
 
     #[test]

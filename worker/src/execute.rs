@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use osprey_protocol::{
-    End, ErrorBody, ErrorCode, Frame, GtidPos, Kind, Origin, ProtocolError, Request, Rows, SessionReset, Statement,
-    Value,
+    End, ErrorBody, ErrorCode, Frame, GtidPos, Kind, Origin, ProtocolError, Request, ResultEnd, Rows, SessionReset,
+    Statement, Value,
 };
 use osprey_wire::mysql_common::constants::SessionStateType;
 use osprey_wire::mysql_common::packets::session_state_change::SessionStateChange;
@@ -376,6 +376,7 @@ impl Executor {
         let started = Instant::now();
         let mut acc = Summary {
             text_rows: request.text_rows,
+            multi_results: request.multi_results,
             ..Summary::default()
         };
         let result = if request.prepare_only {
@@ -819,6 +820,9 @@ pub(crate) struct Summary {
     pub(crate) text_rows: bool,
     /// The last statement's OK message (`END.info`).
     info: Option<String>,
+    /// `REQUEST.multi_results`: each result but the last ends with `RESULT_END`, and the
+    /// counters start again for the next.
+    pub(crate) multi_results: bool,
 }
 
 fn take_gtid(text: &str, acc: &mut Summary) {
@@ -1023,6 +1027,21 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
                 // Every OK packet may carry a commit's GTID: DML, the end of a result set
                 // (`INSERT ... RETURNING`), a CALL's status.
                 note_gtid(Some(&ok), acc);
+                if more_results && acc.multi_results {
+                    let affected_rows = if kinds.take().is_none() { ok.affected_rows() } else { 0 };
+                    let end = ResultEnd {
+                        affected_rows,
+                        last_insert_id: ok.last_insert_id().filter(|id| *id != 0),
+                        warnings: u32::from(ok.warnings()),
+                        info: ok
+                            .info_ref()
+                            .filter(|i| !i.is_empty())
+                            .map(|i| String::from_utf8_lossy(i).into_owned()),
+                        in_transaction: ok.status_flags().contains(StatusFlags::SERVER_STATUS_IN_TRANS),
+                    };
+                    out.result_end(&end).await?;
+                    continue;
+                }
                 if kinds.take().is_none() {
                     // An OK packet: DML, DDL, or the status at the end of a CALL.
                     acc.affected_rows += ok.affected_rows();
@@ -1213,6 +1232,16 @@ impl<'o> Emitter<'o> {
         if flush {
             self.link.flush().await?;
         }
+        Ok(())
+    }
+
+    /// A result of a multi-result request ended, another follows (`RESULT_END`).
+    async fn result_end(&mut self, end: &ResultEnd) -> Result<(), LinkGone> {
+        if self.discarding {
+            return Ok(());
+        }
+        self.flush_rows(false).await?;
+        self.link.push(&Frame::new(Kind::ResultEnd, self.stream, end));
         Ok(())
     }
 

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use osprey_protocol::{
-    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, Request, Rows, SessionOpened, TransactionOutcome, Value,
+    Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, Request, ResultEnd, Rows, SessionOpened,
+    TransactionOutcome, Value,
 };
 use osprey_sql::vars::{parse_set, Set};
 use tokio::net::TcpStream;
@@ -250,6 +251,9 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         last_gtid: None,
         deprecate_eof: login.caps & CLIENT_DEPRECATE_EOF != 0,
         found_rows: login.caps & handshake::CLIENT_FOUND_ROWS != 0,
+        multi_statements: login.caps & handshake::CLIENT_MULTI_STATEMENTS != 0,
+        // MULTI_STATEMENTS implies MULTI_RESULTS, as on a server.
+        multi_results: login.caps & (handshake::CLIENT_MULTI_RESULTS | handshake::CLIENT_MULTI_STATEMENTS) != 0,
         session_lost: false,
         lost_outcome: None,
         row_count: -1,
@@ -331,6 +335,12 @@ struct Conn {
     deprecate_eof: bool,
     /// The client asked for `CLIENT_FOUND_ROWS`.
     found_rows: bool,
+    /// Several statements in one COM_QUERY are allowed (`CLIENT_MULTI_STATEMENTS`, then
+    /// COM_SET_OPTION).
+    multi_statements: bool,
+    /// The client reads each result apart (`CLIENT_MULTI_RESULTS`): a CALL's status, each
+    /// statement's OK.
+    multi_results: bool,
     /// The session ended without the client (seen on its stream).
     session_lost: bool,
     /// What its `ERROR` said became of its transaction.
@@ -481,15 +491,13 @@ impl Conn {
                 Ok(())
             }
             COM_SET_OPTION => {
-                // 0: multi-statements on, 1: off. This port runs one statement per
-                // COM_QUERY, as it advertised.
+                // MYSQL_OPTION_MULTI_STATEMENTS_ON (0) and _OFF (1); the server answers EOF.
                 match Cursor(body).u16() {
-                    Some(1) => w.packet(&reply::eof(self.status(), 0)),
-                    _ => w.packet(&reply::err(
-                        1235,
-                        "42000",
-                        "osprey: multi-statements are not supported yet",
-                    )),
+                    Some(option @ (0 | 1)) => {
+                        self.multi_statements = option == 0;
+                        w.packet(&reply::eof(self.status(), 0));
+                    }
+                    _ => w.packet(&reply::err(reply::ER_UNKNOWN_COM, "08S01", "Unknown command")),
                 }
                 Ok(())
             }
@@ -569,14 +577,17 @@ impl Conn {
     async fn statement(&mut self, sql: &str, params: Option<Vec<Value>>, w: &mut Writer) -> Result<(), Ended> {
         let text = params.is_none();
         if text && state::several_statements(sql) {
-            // Multi-statements are not offered: as a server without them would.
-            w.packet(&reply::err(
-                1064,
-                "42000",
-                "You have an error in your SQL syntax: several statements in one query (osprey: multi-statements \
-                 are not enabled on this port)",
-            ));
-            return Ok(());
+            if !self.multi_statements {
+                // As a server whose client did not turn multi-statements on.
+                w.packet(&reply::err(
+                    1064,
+                    "42000",
+                    "You have an error in your SQL syntax: several statements in one query, and this connection \
+                     did not turn multi-statements on (CLIENT_MULTI_STATEMENTS or COM_SET_OPTION)",
+                ));
+                return Ok(());
+            }
+            return self.several(sql, w).await;
         }
         if let (true, Some(db)) = (text, state::use_schema(sql)) {
             return self.use_schema(db, w).await;
@@ -602,6 +613,40 @@ impl Conn {
             request.prepared = true;
             request.text_rows = false;
         }
+        let answer = self.execute(request, w, false).await?;
+        self.finish(answer, w).await
+    }
+
+    /// Several statements in one COM_QUERY: they run together on one worker of the
+    /// primary (the server splits them), each result apart. State they change cannot be
+    /// followed statement by statement, so such a query pins the client as an untracked
+    /// statement would; a transaction in them pins until it ends.
+    async fn several(&mut self, sql: &str, w: &mut Writer) -> Result<(), Ended> {
+        let mut pin = None;
+        let mut transaction = false;
+        for part in state::statements(sql) {
+            let tracked = state::use_schema(part).is_some()
+                || matches!(parse_set(part), Some(Set::Tracked(_)))
+                || state::counter_query(part).is_some();
+            pin = pin
+                .or(state::sticky_reason(part))
+                .or(tracked.then_some("multi_statement"));
+            transaction |= osprey_sql::controls_session(part);
+        }
+        if (transaction || pin.is_some() || !self.state.autocommit) && self.session.is_none() {
+            if let Err(e) = self.open_session().await {
+                return self.error(w, &e);
+            }
+        }
+        if let Some(reason) = pin {
+            if self.sticky.is_none() {
+                self.front.m().pinned(reason);
+            }
+            self.sticky.get_or_insert(reason);
+        }
+        let mut request = self.request(sql.to_string());
+        // A read among writes: the classifier sees one statement.
+        request.force_primary = true;
         let answer = self.execute(request, w, false).await?;
         self.finish(answer, w).await
     }
@@ -823,6 +868,7 @@ impl Conn {
             vars: self.state.request_vars(self.session.is_some()),
             cluster: self.cluster.clone(),
             session: self.session,
+            multi_results: self.multi_results,
             causal_gtid: if self.session.is_none() {
                 self.last_gtid.clone()
             } else {
@@ -894,6 +940,21 @@ impl Conn {
                     if let Some(sink) = sink {
                         sink.rows(&rows).await?;
                     }
+                }
+                Kind::ResultEnd => {
+                    let end: ResultEnd = frame.body().map_err(bad)?;
+                    if let Some(id) = end.last_insert_id {
+                        self.last_insert_id = id;
+                    }
+                    // The status as the server had it after that result.
+                    let mut status = (self.status() & !SERVER_STATUS_IN_TRANS) | SERVER_MORE_RESULTS_EXISTS;
+                    if self.session.is_some() && end.in_transaction {
+                        status |= SERVER_STATUS_IN_TRANS;
+                    }
+                    if let Some(sink) = sink {
+                        sink.result_end(&end, answer.had_rows, status, self.found_rows);
+                    }
+                    answer.had_rows = false;
                 }
                 Kind::Error => answer.error = Some(frame.body().map_err(bad)?),
                 Kind::End => {
@@ -1221,6 +1282,31 @@ impl Sink<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The end of one result of several (`RESULT_END`): the result set's terminator, or
+    /// the statement's OK, each saying that more follow.
+    fn result_end(&mut self, end: &ResultEnd, had_rows: bool, status: u16, found_rows: bool) {
+        let Sink::Client { w, deprecate_eof, .. } = self else {
+            return;
+        };
+        let warnings = end.warnings.min(u32::from(u16::MAX)) as u16;
+        if had_rows {
+            w.packet(&reply::terminator(*deprecate_eof, status, warnings));
+            return;
+        }
+        let info = end.info.as_deref().unwrap_or("");
+        let affected = match (found_rows, reply::rows_matched(info)) {
+            (true, Some(matched)) => matched,
+            _ => end.affected_rows,
+        };
+        w.packet(&reply::ok_info(
+            affected,
+            end.last_insert_id.unwrap_or(0),
+            status,
+            warnings,
+            info,
+        ));
     }
 
     async fn rows(&mut self, rows: &Rows) -> Result<(), Ended> {

@@ -359,7 +359,9 @@ impl StreamGuard {
             return false;
         }
         debug_assert!(
-            credit.is_some() || self.credit.is_none() || !matches!(frame.kind, Kind::Columns | Kind::Rows),
+            credit.is_some()
+                || self.credit.is_none()
+                || !matches!(frame.kind, Kind::Columns | Kind::Rows | Kind::ResultEnd),
             "a data frame without credit"
         );
         let Some(slot) = self.shared.out.reserve(frame.payload.len()).await else {

@@ -41,6 +41,16 @@ SELECT DATABASE();
 SET NAMES latin1;
 SELECT @@character_set_client, @@character_set_results, 'é';
 SET NAMES utf8mb4;
+DELIMITER //
+SELECT 1 AS a; SELECT 2 AS b, 'x;y' AS c//
+INSERT INTO cli_types (vc) VALUES ('m1'); INSERT INTO cli_types (vc) VALUES ('m2'), ('m3'); SELECT vc FROM cli_types WHERE vc LIKE 'm_' ORDER BY vc//
+UPDATE cli_types SET ti = 2 WHERE vc LIKE 'm_'; DELETE FROM cli_types WHERE vc = 'm3'; SELECT COUNT(*) FROM cli_types//
+SELECT 1; SELEC 2; SELECT 3//
+BEGIN; INSERT INTO cli_types (vc) VALUES ('tx multi'); SELECT COUNT(*) FROM cli_types WHERE vc = 'tx multi'; ROLLBACK//
+SELECT COUNT(*) FROM cli_types WHERE vc = 'tx multi'//
+DROP PROCEDURE IF EXISTS two_sets//
+CREATE PROCEDURE two_sets(IN n INT) BEGIN SELECT n AS first; SELECT n + 1 AS second, 'x' AS third; UPDATE cli_types SET si = n WHERE id = 1; END//
+DELIMITER ;
 SET sql_mode = 'ANSI_QUOTES', time_zone = '+05:30';
 SELECT @@sql_mode, @@time_zone, "quoted" FROM DUAL;
 SET sql_mode = DEFAULT;
@@ -65,6 +75,12 @@ SELECT FOUND_ROWS();
 UPDATE cli_types SET ti = 1 WHERE id > 1;
 DELETE FROM cli_types WHERE id = 3;
 SELECT ROW_COUNT();
+CALL two_sets(5);
+SELECT si FROM cli_types WHERE id = 1;
+DELIMITER //
+CALL two_sets(6); SELECT 'after the call' AS c//
+DELIMITER ;
+DROP PROCEDURE two_sets;
 COMMIT;
 ROLLBACK;
 "#;
@@ -108,6 +124,11 @@ async fn the_mariadb_client_gets_what_the_database_gives() {
     }
     assert_eq!(ol.len(), dl.len(), "as many lines");
     assert!(o.contains("ünïcödé ✓ 😀") && o.contains("18446744073709551615"), "{o}");
+    // Multi-statements and a CALL's result sets came through, each apart.
+    for seen in ["| x;y |", "| second | third |", "| after the call |", "| m2 "] {
+        assert!(o.contains(seen), "{seen} in {o}");
+    }
+    assert!(oe.contains("ERROR 1064 (42000) at line"), "{oe}");
     // What was pinned and why shows in the metrics.
     let m = rig.cluster.dispatcher.metrics().await.unwrap();
     // The first statement that pins gives the reason; tracked SETs pinned nothing.

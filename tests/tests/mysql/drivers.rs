@@ -106,12 +106,20 @@ async fn session_variables_follow_the_client_without_pinning() {
         let (c,): (String,) = a.query_first("SELECT @@collation_connection").await.unwrap().unwrap();
         assert_eq!(c, "utf8mb4_unicode_ci");
     }
-    // Several statements in one query: refused as by a server without multi-statements.
-    let e = a.query_drop("SELECT 1; SELECT 2").await.unwrap_err();
-    assert!(
-        matches!(e, mysql_async::Error::Server(ref s) if s.code == 1064),
-        "{e:?}"
+    // Several statements in one query run (mysql_async turns multi-statements on) and
+    // pin nothing when they change no state.
+    let (sets, error) = results(a.query_iter("SELECT @@collation_connection; SELECT 'b'").await).await;
+    assert_eq!(error, None);
+    let firsts: Vec<mysql_async::Value> = sets.iter().map(|(rows, ..)| rows[0][0].clone()).collect();
+    assert_eq!(
+        firsts,
+        vec![
+            mysql_async::Value::Bytes(b"utf8mb4_unicode_ci".to_vec()),
+            mysql_async::Value::Bytes(b"b".to_vec())
+        ]
     );
+    let s = rig.cluster.dispatcher.admin_get("/sessions").await.unwrap();
+    assert_eq!(s.as_array().map(Vec::len), Some(0), "plain statements pin nothing: {s}");
     // A quoting mode changes how statements must be read: it pins the client instead.
     a.query_drop("SET sql_mode = 'NO_BACKSLASH_ESCAPES'").await.unwrap();
     let s = rig.cluster.dispatcher.admin_get("/sessions").await.unwrap();
@@ -159,7 +167,25 @@ except pymysql.err.IntegrityError as e:
     print("error", e.args[0])
 cur.execute("SELECT @@autocommit, @@in_transaction")
 print(cur.fetchall())
+# PyMySQL leaves CLIENT_MULTI_STATEMENTS off unless asked: several at once are refused.
+try:
+    cur.execute("SELECT 1; SELECT 2")
+    print("several without the flag", cur.fetchall())
+except pymysql.err.MySQLError as e:
+    print("several without the flag", e.args[0])
 c.close()
+m = pymysql.connect(host=host, port=port, user=user, password=password, database=db, charset="utf8mb4",
+                    client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS)
+mc = m.cursor()
+mc.execute("SELECT 1 AS a; UPDATE py_t SET v = 'y' WHERE v = 'z'; SELECT COUNT(*) AS n FROM py_t WHERE v = 'y'")
+while True:
+    print("result", mc.description, mc.rowcount, mc.fetchall())
+    if not mc.nextset():
+        break
+m.rollback()
+mc.execute("SELECT COUNT(*) FROM py_t WHERE v = 'y'")
+print("rolled back", mc.fetchall())
+m.close()
 "#;
 
 /// PyMySQL (autocommit off by default, then on), its results compared with the same
@@ -199,6 +225,12 @@ async fn pymysql_gets_what_the_database_gives() {
     .await;
     assert!(direct.status.success(), "direct: {}", text(&direct.stderr));
     assert!(text(&via.stdout).contains("error 1062"), "{}", text(&via.stdout));
+    assert!(
+        text(&via.stdout).contains("several without the flag 1064"),
+        "{}",
+        text(&via.stdout)
+    );
+    assert!(text(&via.stdout).contains("result (('n',"), "{}", text(&via.stdout));
     assert_eq!(text(&via.stdout), text(&direct.stdout));
 }
 
@@ -337,4 +369,149 @@ async fn change_user_checks_the_new_user_and_starts_afresh() {
         "closed after a refused change of user"
     );
     a.query_drop("DROP DATABASE IF EXISTS cu_other").await.ok();
+}
+
+/// Every result of a query, each apart: its rows, affected rows, insert id and message;
+/// then the server error that stopped it, if one did.
+type Results = (
+    Vec<(Vec<Vec<mysql_async::Value>>, u64, Option<u64>, String)>,
+    Option<u16>,
+);
+
+async fn results<P: mysql_async::prelude::Protocol>(
+    r: mysql_async::Result<mysql_async::QueryResult<'_, '_, P>>,
+) -> Results {
+    let mut out = Vec::new();
+    let mut r = match r {
+        Ok(r) => r,
+        Err(mysql_async::Error::Server(e)) => return (out, Some(e.code)),
+        Err(e) => panic!("{e:?}"),
+    };
+    // Bounded: a result that never ends is a failure, not a hang.
+    for _ in 0..16 {
+        match r.collect::<mysql_async::Row>().await {
+            Ok(rows) => {
+                let rows = rows.into_iter().map(|row| row.unwrap()).collect();
+                out.push((rows, r.affected_rows(), r.last_insert_id(), r.info().into_owned()));
+            }
+            Err(mysql_async::Error::Server(e)) => return (out, Some(e.code)),
+            Err(e) => panic!("{e:?}"),
+        }
+        if r.is_empty() {
+            return (out, None);
+        }
+    }
+    panic!("more than 16 results: {out:?}");
+}
+
+/// Several statements in one query (mysql_async turns CLIENT_MULTI_STATEMENTS on) and a
+/// procedure's result sets, by the text and the binary protocol: each result apart, with
+/// its own affected rows and insert id, as the server gives them; an error part-way
+/// stops there, after the results before it; a transaction opened in one query pins
+/// until it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_results_come_apart_as_from_the_server() {
+    let rig = Rig::start("").await;
+    let mut direct = rig.direct().await;
+    direct
+        .query_drop(
+            "DROP TABLE IF EXISTS drv_multi; CREATE TABLE drv_multi (id INT PRIMARY KEY AUTO_INCREMENT, v INT); \
+             DROP PROCEDURE IF EXISTS drv_sets",
+        )
+        .await
+        .unwrap();
+    direct
+        .query_drop(
+            "CREATE PROCEDURE drv_sets(IN n INT) BEGIN SELECT n AS a; INSERT INTO drv_multi (v) VALUES (n); \
+             SELECT n * 2 AS b, 'x' AS c; UPDATE drv_multi SET v = v + 1 WHERE v = n; END",
+        )
+        .await
+        .unwrap();
+    let mut via = rig.conn().await;
+    let sessions = || async { rig.cluster.dispatcher.admin_get("/sessions").await.unwrap() };
+    // Unpinned, then a transaction across two queries, then a CALL (which pins).
+    let texts = [
+        "SELECT 1 AS a; SELECT 'two' AS b, NULL AS c",
+        "INSERT INTO drv_multi (v) VALUES (10), (11); UPDATE drv_multi SET v = v + 100 WHERE v >= 10; \
+         SELECT COUNT(*) FROM drv_multi; INSERT INTO drv_multi (v) VALUES (12)",
+        "SELECT 1; SELEC 2; SELECT 3",
+        "DELETE FROM drv_multi WHERE v = 110; SELECT v FROM drv_multi ORDER BY id",
+        "CALL drv_sets(7)",
+    ];
+    for sql in texts {
+        direct.query_drop("TRUNCATE drv_multi").await.unwrap();
+        direct
+            .query_drop("INSERT INTO drv_multi (v) VALUES (110)")
+            .await
+            .unwrap();
+        // mysql_async hands over an error after a result at the next query: asked for.
+        let code = |e: mysql_async::Error| match e {
+            mysql_async::Error::Server(e) => e.code,
+            e => panic!("{e:?}"),
+        };
+        let a = results(via.query_iter(sql).await).await;
+        let a_after = via.query_drop("DO 0").await.err().map(code);
+        direct.query_drop("TRUNCATE drv_multi").await.unwrap();
+        direct
+            .query_drop("INSERT INTO drv_multi (v) VALUES (110)")
+            .await
+            .unwrap();
+        let b = results(direct.query_iter(sql).await).await;
+        let b_after = direct.query_drop("DO 0").await.err().map(code);
+        assert_eq!((&a, a_after), (&b, b_after), "{sql} (osprey, then the server)");
+        if sql.contains("SELEC ") {
+            assert_eq!(a_after, Some(1064), "the second statement's error");
+        }
+        // (mysql_async stops at the first result before an error: the CLI test sees it.)
+        assert!(
+            a.0.len() >= 2 || sql.contains("SELEC "),
+            "{sql}: several results: {a:?}"
+        );
+        if sql.starts_with("SELECT 1 AS a") {
+            assert_eq!(
+                sessions().await.as_array().map(Vec::len),
+                Some(0),
+                "plain statements pin nothing"
+            );
+        }
+    }
+    // The binary protocol: a prepared CALL (CLIENT_PS_MULTI_RESULTS).
+    for n in [3, 4] {
+        direct.query_drop("TRUNCATE drv_multi").await.unwrap();
+        let a = results(via.exec_iter("CALL drv_sets(?)", (n,)).await).await;
+        direct.query_drop("TRUNCATE drv_multi").await.unwrap();
+        let b = results(direct.exec_iter("CALL drv_sets(?)", (n,)).await).await;
+        assert_eq!(a, b, "prepared CALL (osprey, then the server)");
+        // (mysql_async reads the CALL's closing OK with the last result set.)
+        assert_eq!(a.0.len(), 2, "two result sets: {a:?}");
+    }
+    // A transaction opened in one query and ended in the next, on a fresh connection.
+    direct.query_drop("TRUNCATE drv_multi").await.unwrap();
+    let mut t = rig.conn().await;
+    let (_, e) = results(
+        t.query_iter("BEGIN; INSERT INTO drv_multi (v) VALUES (1); SELECT COUNT(*) FROM drv_multi")
+            .await,
+    )
+    .await;
+    assert_eq!(e, None);
+    let open = sessions().await;
+    assert_eq!(
+        open.as_array().map(Vec::len),
+        Some(2),
+        "the CALL's and the transaction's: {open}"
+    );
+    let (r, e) = results(t.query_iter("ROLLBACK; SELECT COUNT(*) FROM drv_multi").await).await;
+    assert_eq!(e, None);
+    let count = r.last().map(|(rows, ..)| rows[0][0].clone());
+    assert_eq!(
+        count,
+        Some(mysql_async::Value::Bytes(b"0".to_vec())),
+        "rolled back: {r:?}"
+    );
+    let open = sessions().await;
+    assert_eq!(
+        open.as_array().map(Vec::len),
+        Some(1),
+        "the transaction's session ended: {open}"
+    );
 }

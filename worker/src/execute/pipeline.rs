@@ -177,6 +177,7 @@ impl Executor {
             let started = Instant::now();
             let mut acc = Summary {
                 text_rows: slot.checked.request.text_rows,
+                multi_results: slot.checked.request.multi_results,
                 ..Summary::default()
             };
             let result = match (slot.unsent, &lost) {

@@ -261,12 +261,12 @@ impl Relay {
             return Ok(());
         }
         match frame.kind {
-            Kind::Columns | Kind::Rows if drain.is_some() => {
+            Kind::Columns | Kind::Rows | Kind::ResultEnd if drain.is_some() => {
                 if Some(frame.stream) != head {
                     return Err(LinkError::WrongStream);
                 }
             }
-            Kind::Columns | Kind::Rows => {
+            Kind::Columns | Kind::Rows | Kind::ResultEnd => {
                 let Some(cur) = current.as_mut() else {
                     return Err(LinkError::NoRequest);
                 };
