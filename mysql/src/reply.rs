@@ -174,6 +174,7 @@ pub fn error_of(e: &ErrorBody) -> (u16, String, String) {
         ErrorCode::ShuttingDown => (ER_SERVER_SHUTDOWN, "08S01"),
         ErrorCode::InvalidRequest | ErrorCode::BadUtf8 => (ER_NOT_SUPPORTED_YET, "42000"),
         ErrorCode::SessionAborted => (ER_CONNECTION_KILLED, "08S01"),
+        ErrorCode::FrameTooLarge => (ER_NET_PACKET_TOO_LARGE, "08S01"),
         _ => (ER_UNKNOWN_ERROR, "HY000"),
     };
     (errno, state.to_string(), msg)

@@ -11,7 +11,17 @@ use crate::pool::SlotGroup;
 /// The request in `frame`. `Ok(Err)`: it fails its stream alone (bad SQL text, a request
 /// that contradicts itself); `Err`: an undecodable body, a broken peer (docs/PROTOCOL.md):
 /// the connection closes with that error.
-pub fn decode(frame: &Frame) -> Result<Result<Request, Refusal>, ErrorBody> {
+/// A REQUEST larger than `max_payload` (one a front end built in process; a client's
+/// own frames cannot be) is refused here, before it could reach a worker link, whose
+/// codec would refuse to write it.
+pub fn decode(frame: &Frame, max_payload: usize) -> Result<Result<Request, Refusal>, ErrorBody> {
+    if frame.payload.len() > max_payload {
+        let msg = format!(
+            "the request is {} bytes, more than limits.max_payload ({max_payload})",
+            frame.payload.len()
+        );
+        return Ok(Err(Refusal::new("bad_request", ErrorCode::FrameTooLarge, msg)));
+    }
     let request: Request = match frame.body() {
         Ok(r) => r,
         Err(e @ ProtocolError::BadUtf8) => return Ok(Err(Refusal::new("bad_request", e.code(), e.to_string()))),

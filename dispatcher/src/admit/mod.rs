@@ -49,7 +49,7 @@ pub async fn admit(
     if shared.is_open(stream) {
         return Err(reserve::duplicate(stream));
     }
-    let request = match decode::decode(&frame)? {
+    let request = match decode::decode(&frame, ctx.config.limits.max_payload)? {
         Ok(r) => r,
         Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
     };

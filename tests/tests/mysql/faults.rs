@@ -275,3 +275,39 @@ async fn a_drain_lets_an_open_mysql_transaction_commit() {
         "idle connections were closed"
     );
 }
+
+/// A statement whose REQUEST outgrows `limits.max_payload` (here a non-UTF-8 literal,
+/// which the front end passes on as hex, twice its size) is refused at admission with
+/// ERROR 1153; the connection and every worker go on. (Before, the worker link's codec
+/// refused to write it, which looked like a dead link: three workers were replaced for
+/// one statement, and a request prefetched with it could have been lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_too_large_for_a_worker_is_refused_and_kills_nothing() {
+    let rig = Rig::start("[limits]\nmax_payload = 1048576\n").await;
+    let counter = |m: &str, name: &str| -> u64 {
+        m.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    let before = rig.cluster.dispatcher.metrics().await.unwrap();
+    let mut s = logged_in(&rig).await;
+    let mut sql = b"\x03SELECT LENGTH(_binary'".to_vec();
+    sql.extend(std::iter::repeat_n(0xFFu8, 600_000));
+    sql.extend_from_slice(b"')");
+    s.write_all(&packet(0, &sql)).await.unwrap();
+    let answer = read_packet(&mut s).await.expect("answered");
+    assert_eq!(err_code(&answer), 1153, "{}", String::from_utf8_lossy(&answer));
+    // The same connection goes on.
+    s.write_all(&packet(0, b"\x03SELECT 1")).await.unwrap();
+    let columns = read_packet(&mut s).await.expect("a result");
+    assert_eq!(columns, vec![1], "one column");
+    let after = rig.cluster.dispatcher.metrics().await.unwrap();
+    for name in ["osprey_worker_kills", "osprey_worker_respawns"] {
+        assert_eq!(
+            counter(&before, name),
+            counter(&after, name),
+            "{name}: no worker replaced"
+        );
+    }
+}
