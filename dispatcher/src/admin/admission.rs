@@ -12,6 +12,12 @@
 //! connection that has presented the valid token is never evicted. So a silent flood
 //! cannot push out a connection whose request has come, and an operator's request, whose
 //! bytes are usually waiting by the time it is accepted, always finds a place.
+//!
+//! A live feed (`/ui/events`, the operations page) presents the token too but never ends:
+//! sixteen open tabs would hold an address's share for good and lock its operator's
+//! `osprey status` out. A feed is therefore not trusted: a newcomer whose request has come
+//! takes the place of the oldest feed (after any silent or partial connection), and the
+//! page's `EventSource` reconnects on its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -25,7 +31,9 @@ use tokio_util::sync::CancellationToken;
 /// How far a connection has got: it only moves up.
 const SILENT: u8 = 0;
 const SENT: u8 = 1;
-const TRUSTED: u8 = 2;
+/// Serving a live feed (with the token): evictable by a newcomer that has sent.
+const FEED: u8 = 2;
+const TRUSTED: u8 = 3;
 
 /// An evicted connection closes at its task's next turn; the accept loop waits at most
 /// this for it (and then looks again) before it takes its place.
@@ -46,6 +54,13 @@ impl Standing {
     /// A request carried the valid admin token: never evicted from now on.
     pub fn trust(&self) {
         self.0.store(TRUSTED, Ordering::Relaxed);
+    }
+
+    /// The connection now serves a live feed, which never ends: it gives its place to a
+    /// newcomer whose request has come (even if it was trusted before: the feed holds
+    /// it from now on).
+    pub fn feed(&self) {
+        self.0.store(FEED, Ordering::Relaxed);
     }
 
     fn rank(&self) -> u8 {
@@ -212,7 +227,8 @@ fn victim(inner: &Inner, scope: Option<IpAddr>, up_to: u8) -> Victim {
             continue;
         }
         let rank = e.standing.rank();
-        if rank == TRUSTED || rank > up_to {
+        let feed_gives_way = rank == FEED && up_to >= SENT;
+        if rank == TRUSTED || (rank > up_to && !feed_gives_way) {
             continue;
         }
         if e.evict.is_cancelled() {
@@ -299,6 +315,28 @@ mod tests {
         newer.standing.sent();
         assert!(matches!(a.admit(ip(1), false).await, Admitted::Full));
         assert!(!sent.evicted.is_cancelled() && !newer.evicted.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn a_feed_gives_way_to_a_request_but_not_to_silence() {
+        let a = Admission::new(2, 2);
+        let feed1 = held(&a, ip(1), true).await;
+        feed1.standing.trust();
+        feed1.standing.feed();
+        let feed2 = held(&a, ip(1), true).await;
+        feed2.standing.feed();
+        // Silence cannot push a feed out.
+        assert!(matches!(a.admit(ip(1), false).await, Admitted::Full));
+        let (ev1, ev2) = (feed1.evicted.clone(), feed2.evicted.clone());
+        close_when_evicted(feed1);
+        close_when_evicted(feed2);
+        // A request (an operator's `osprey status`) takes the oldest feed's place.
+        let op = held(&a, ip(1), true).await;
+        assert!(ev1.is_cancelled() && !ev2.is_cancelled());
+        op.standing.trust();
+        let _op2 = held(&a, ip(1), true).await;
+        assert!(ev2.is_cancelled(), "then the next feed");
+        assert!(!op.evicted.is_cancelled());
     }
 
     #[tokio::test]

@@ -119,7 +119,7 @@ pub fn router(state: AdminState) -> Router {
             "/throttle",
             get(super::policy::throttle).post(super::policy::set_throttle),
         )
-        .route("/ui/events", get(super::ui::events))
+        .route(super::ui::EVENTS_PATH, get(super::ui::events))
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state);
@@ -448,7 +448,12 @@ async fn connection(
             // Seen with the token once: the connection is an operator's, never evicted.
             // (The router checks the token of every request all the same.)
             if has_token(req.headers(), &admin_token) {
-                standing.trust();
+                if req.uri().path() == super::ui::EVENTS_PATH {
+                    // A feed never ends: it must not hold its place for good.
+                    standing.feed();
+                } else {
+                    standing.trust();
+                }
             }
             async move {
                 let _busy = busy;

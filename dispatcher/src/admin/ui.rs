@@ -89,6 +89,9 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
 }
 
 /// `GET /ui/events` (token required, by the router): the snapshot feed.
+/// The live feed's path: its connections are held apart ([`crate::admin::admission`]).
+pub const EVENTS_PATH: &str = "/ui/events";
+
 pub async fn events(State(state): State<AdminState>) -> Response {
     let feed = Feed::new(state);
     let stream = futures::stream::unfold(feed, |mut feed| async move {
