@@ -88,18 +88,6 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
     let mut reader = PacketReader::new(ClientRead::Plain(rd), HANDSHAKE_MAX, read_timeout);
     let mut writer = PacketWriter::new(ClientWrite::plain(wr), ctx.client_write_timeout());
     let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
-    if front.auth_blocked(peer.ip()) {
-        writer.packet(&reply::err(
-            1129,
-            "HY000",
-            &format!(
-                "Host '{}' is blocked because of many connection errors; try again in a minute",
-                peer.ip()
-            ),
-        ));
-        let _ = writer.flush().await;
-        return;
-    }
     // Only so many connections log in at once (the client port's bound, shared).
     let Ok(Ok(_slot)) = tokio::time::timeout(limit, ctx.handshakes.clone().acquire_owned()).await else {
         writer.packet(&reply::err(
@@ -161,6 +149,7 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
             &nonce,
             &peer.ip().to_string(),
             first,
+            |user| front.auth_blocked(peer.ip(), user),
         )
         .await
     };
@@ -171,8 +160,8 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         }
         Ok(Err(e)) => {
             info!("MySQL login refused: {e}");
-            if matches!(e, login::LoginError::Denied { .. }) {
-                front.auth_failed(peer.ip());
+            if let login::LoginError::Denied { user, .. } = &e {
+                front.auth_failed(peer.ip(), user);
             }
             if let Some(p) = e.reply() {
                 writer.packet(&p);
@@ -182,6 +171,7 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         }
         Ok(Ok(login)) => login,
     };
+    front.auth_succeeded(peer.ip(), &login.name);
     drop(_slot);
     if front.config.require_secure_transport && !secure {
         writer.packet(&reply::err(
@@ -1062,6 +1052,14 @@ impl Conn {
         };
         let host = self.peer.ip().to_string();
         let front = self.front.clone();
+        if front.auth_blocked(self.peer.ip(), &c.user) {
+            let e = login::LoginError::Blocked { user: c.user, host };
+            if let Some(p) = e.reply() {
+                w.packet(&p);
+                let _ = w.flush().await;
+            }
+            return Err(Ended::ChangeUserRefused);
+        }
         let index = match login::authenticate(
             r,
             w,
@@ -1074,11 +1072,14 @@ impl Conn {
         )
         .await
         {
-            Ok(index) => index,
+            Ok(index) => {
+                front.auth_succeeded(self.peer.ip(), &c.user);
+                index
+            }
             Err(e) => {
                 info!("MySQL change of user refused: {e}");
-                if matches!(e, login::LoginError::Denied { .. }) {
-                    front.auth_failed(self.peer.ip());
+                if let login::LoginError::Denied { user, .. } = &e {
+                    front.auth_failed(self.peer.ip(), user);
                 }
                 if let Some(p) = e.reply() {
                     w.packet(&p);

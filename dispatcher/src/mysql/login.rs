@@ -39,6 +39,10 @@ pub enum LoginError {
         host: String,
         using: &'static str,
     },
+    #[error(
+        "Host '{host}' is blocked for user '{user}' because of many failed logins (mysql.max_auth_failures_per_minute); try again in a minute"
+    )]
+    Blocked { user: String, host: String },
 }
 
 impl LoginError {
@@ -48,6 +52,7 @@ impl LoginError {
             LoginError::Packet(_) => None,
             LoginError::Bad(BadResponse::Malformed(_)) => Some(reply::err(1043, "08S01", "Bad handshake")),
             LoginError::Denied { .. } => Some(reply::err(1045, "28000", &self.to_string())),
+            LoginError::Blocked { .. } => Some(reply::err(1129, "HY000", &self.to_string())),
             LoginError::Bad(BadResponse::NoTls) => Some(reply::err(1043, "08S01", &self.to_string())),
         }
     }
@@ -69,6 +74,7 @@ pub async fn login<R, W>(
     nonce: &[u8; 20],
     host: &str,
     first: Option<(u8, bytes::BytesMut)>,
+    blocked: impl Fn(&str) -> bool,
 ) -> Result<Login, LoginError>
 where
     R: AsyncRead + Unpin,
@@ -82,6 +88,12 @@ where
     };
     writer.seq = seq.wrapping_add(1);
     let r = parse_response(&payload)?;
+    if blocked(&r.user) {
+        return Err(LoginError::Blocked {
+            user: r.user,
+            host: host.to_string(),
+        });
+    }
     let index = authenticate(
         reader,
         writer,

@@ -29,9 +29,14 @@ use crate::config::{MysqlConfig, MysqlUser};
 use crate::ctx::Ctx;
 use crate::metrics::{Metrics, MysqlMetrics};
 
-/// Addresses whose failed logins are remembered at most (the oldest window is dropped).
+/// (address, user) pairs whose failed logins are remembered at most (past it the oldest
+/// window is dropped).
 const MAX_TRACKED_ADDRESSES: usize = 10_000;
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// Failed logins by source address and user (`None`: a name no user has, all one): when
+/// the window began, how many.
+type Failures = HashMap<(IpAddr, Option<usize>), (Instant, u32)>;
 
 /// What every MySQL connection shares.
 pub struct Front {
@@ -42,7 +47,7 @@ pub struct Front {
     metrics: Arc<Metrics>,
     pub started: Instant,
     per_user: Vec<Arc<AtomicUsize>>,
-    failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    failures: Mutex<Failures>,
 }
 
 /// A connection counted against its user's `max_connections`.
@@ -92,34 +97,55 @@ impl Front {
         Some(UserSlot(count))
     }
 
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, (Instant, u32)>> {
+    fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
         self.failures.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether `ip` failed to log in too often within the last minute.
-    pub fn auth_blocked(&self, ip: IpAddr) -> bool {
+    /// The failure counter's key: per user, so that failures for one user (or for names
+    /// no user has) from an address shared by many clients (a NAT) do not lock the
+    /// others out; unknown names share one counter, so they cannot grow the table.
+    fn failure_key(&self, ip: IpAddr, user: &str) -> (IpAddr, Option<usize>) {
+        (ip, self.users.iter().position(|u| u.name == user))
+    }
+
+    /// Whether `user` failed to log in from `ip` too often within the last minute.
+    pub fn auth_blocked(&self, ip: IpAddr, user: &str) -> bool {
         let max = self.config.max_auth_failures_per_minute;
         max > 0
             && self
                 .failures()
-                .get(&ip)
+                .get(&self.failure_key(ip, user))
                 .is_some_and(|(since, n)| since.elapsed() < FAILURE_WINDOW && *n >= max)
     }
 
-    pub fn auth_failed(&self, ip: IpAddr) {
+    pub fn auth_failed(&self, ip: IpAddr, user: &str) {
         self.m().auth_failures.inc();
+        let key = self.failure_key(ip, user);
         let mut f = self.failures();
-        if f.len() >= MAX_TRACKED_ADDRESSES && !f.contains_key(&ip) {
+        if f.len() >= MAX_TRACKED_ADDRESSES && !f.contains_key(&key) {
             f.retain(|_, (since, _)| since.elapsed() < FAILURE_WINDOW);
             if f.len() >= MAX_TRACKED_ADDRESSES {
-                return;
+                // Full of recent failures: the oldest window goes, so that a new address
+                // is still counted.
+                if let Some(oldest) = f.iter().min_by_key(|(_, (since, _))| *since).map(|(k, _)| *k) {
+                    f.remove(&oldest);
+                }
             }
         }
-        let e = f.entry(ip).or_insert((Instant::now(), 0));
+        let e = f.entry(key).or_insert((Instant::now(), 0));
         if e.0.elapsed() >= FAILURE_WINDOW {
             *e = (Instant::now(), 0);
         }
         e.1 += 1;
+    }
+
+    /// A login succeeded: its failures are forgotten, as a server's host error count is.
+    pub fn auth_succeeded(&self, ip: IpAddr, user: &str) {
+        let key = self.failure_key(ip, user);
+        let mut f = self.failures();
+        if !f.is_empty() {
+            f.remove(&key);
+        }
     }
 }
 

@@ -189,11 +189,13 @@ async fn source_status_and_dump_work_as_against_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logins_are_checked_with_both_plugins_and_failures_are_limited() {
     let rig = Rig::start_with("max_auth_failures_per_minute = 3", "").await;
-    let q = |extra: &[&str], password: &str| {
+    let q = |extra: &[&str], user: &str, password: &str| {
         let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         a.extend(rig.osprey_args().into_iter().map(|s| {
             if s.starts_with("-p") {
                 format!("-p{password}")
+            } else if s.starts_with("-u") {
+                format!("-u{user}")
             } else {
                 s
             }
@@ -201,22 +203,46 @@ async fn logins_are_checked_with_both_plugins_and_failures_are_limited() {
         a.extend(["-N".into(), "-e".into(), "SELECT CURRENT_USER() IS NOT NULL".into()]);
         run("mariadb", a, None)
     };
-    let ok = q(&[], crate::PASSWORD).await;
+    let app = crate::USER;
+    let ok = q(&[], app, crate::PASSWORD).await;
     assert!(ok.status.success(), "native: {}", text(&ok.stderr));
-    let sha2 = q(&["--default-auth=caching_sha2_password"], crate::PASSWORD).await;
+    let sha2 = q(&["--default-auth=caching_sha2_password"], app, crate::PASSWORD).await;
     assert!(sha2.status.success(), "caching_sha2_password: {}", text(&sha2.stderr));
+    // Someone behind the same address guesses at a name no user has: refused, then
+    // blocked, but the application's own user still logs in (a NAT is not locked out).
+    for i in 0..4 {
+        let e = text(&q(&[], "intruder", "guess").await.stderr);
+        let want = if i < 3 { "ERROR 1045 (28000)" } else { "ERROR 1129" };
+        assert!(e.contains(want), "attempt {i}: {e}");
+    }
+    let still = q(&[], app, crate::PASSWORD).await;
+    assert!(
+        still.status.success(),
+        "the app's user is not blocked: {}",
+        text(&still.stderr)
+    );
+    // A success forgets the failures before it, as a server's host error count.
+    for _ in 0..2 {
+        assert!(text(&q(&[], app, "wrong").await.stderr).contains("ERROR 1045 (28000)"));
+    }
+    assert!(
+        q(&[], app, crate::PASSWORD).await.status.success(),
+        "2 failures, then in"
+    );
     for _ in 0..3 {
-        let bad = q(&[], "wrong").await;
+        let bad = q(&[], app, "wrong").await;
         let e = text(&bad.stderr);
         assert!(
             e.contains("ERROR 1045 (28000)") && e.contains("Access denied for user 'app'"),
             "{e}"
         );
     }
-    let blocked = q(&[], crate::PASSWORD).await;
+    // Three in a row: this user, from this address, is blocked for the minute, even with
+    // the right password.
+    let blocked = q(&[], app, crate::PASSWORD).await;
     assert!(text(&blocked.stderr).contains("1129"), "{}", text(&blocked.stderr));
     let m = rig.cluster.dispatcher.metrics().await.unwrap();
-    assert!(m.contains("osprey_mysql_auth_failures_total 3"), "{m}");
+    assert!(m.contains("osprey_mysql_auth_failures_total 8"), "{m}");
 }
 
 /// TLS on the MySQL port: the mariadb client upgrades with SSLRequest and logs in over
