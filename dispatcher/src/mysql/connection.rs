@@ -378,14 +378,15 @@ impl Conn {
         let idle = Duration::from_millis(self.front.config.idle_timeout_ms);
         loop {
             // Between commands: a draining dispatcher lets a client go unless it is inside
-            // a transaction (that one may finish within drain_timeout).
+            // a transaction (that one may finish within drain_timeout). One pinned only by
+            // untracked state has nothing to finish.
             let draining = self.ctx.draining.is_cancelled();
-            if draining && self.session.is_none() && !reader.buffered() {
+            if draining && !self.in_transaction && !reader.buffered() {
                 return Ended::Draining;
             }
             let next = tokio::select! {
                 r = tokio::time::timeout(idle, reader.read(Some(0))) => r,
-                _ = self.ctx.draining.cancelled(), if !draining && self.session.is_none() => return Ended::Draining,
+                _ = self.ctx.draining.cancelled(), if !draining && !self.in_transaction => return Ended::Draining,
             };
             let (_, packet) = match next {
                 Err(_) => return Ended::Idle,
@@ -1060,18 +1061,28 @@ impl Conn {
             }
             return Err(Ended::ChangeUserRefused);
         }
-        let index = match login::authenticate(
-            r,
-            w,
-            &front.users,
-            &self.nonce,
-            &host,
-            &c.user,
-            c.plugin.as_deref(),
-            c.auth,
+        // An auth switch waits for the client's answer: bounded as at login (the command
+        // loop's idle timeout does not run meanwhile).
+        let limit = Duration::from_millis(self.ctx.config.timeouts.handshake_timeout_ms);
+        let checked = tokio::time::timeout(
+            limit,
+            login::authenticate(
+                r,
+                w,
+                &front.users,
+                &self.nonce,
+                &host,
+                &c.user,
+                c.plugin.as_deref(),
+                c.auth,
+            ),
         )
-        .await
-        {
+        .await;
+        let Ok(checked) = checked else {
+            debug!("no answer to COM_CHANGE_USER's auth switch within the handshake timeout");
+            return Err(Ended::ChangeUserRefused);
+        };
+        let index = match checked {
             Ok(index) => {
                 front.auth_succeeded(self.peer.ip(), &c.user);
                 index
@@ -1088,19 +1099,29 @@ impl Conn {
                 return Err(Ended::ChangeUserRefused);
             }
         };
-        let Some(slot) = front.user_slot(index) else {
-            w.packet(&reply::err(
-                1203,
-                "42000",
-                &format!(
-                    "User {} already has more than 'max_user_connections' active connections",
-                    c.user
-                ),
-            ));
-            let _ = w.flush().await;
-            return Err(Ended::ChangeUserRefused);
+        // The same user keeps its place (it would count twice for a moment otherwise).
+        let slot = if index == self.login.user {
+            None
+        } else {
+            match front.user_slot(index) {
+                Some(slot) => Some(slot),
+                None => {
+                    w.packet(&reply::err(
+                        1203,
+                        "42000",
+                        &format!(
+                            "User {} already has more than 'max_user_connections' active connections",
+                            c.user
+                        ),
+                    ));
+                    let _ = w.flush().await;
+                    return Err(Ended::ChangeUserRefused);
+                }
+            }
         };
-        self.user_slot = slot;
+        if let Some(slot) = slot {
+            self.user_slot = slot;
+        }
         self.end_session();
         let user = &front.users[index];
         let schema = c.schema.or_else(|| user.schema.clone());

@@ -334,7 +334,7 @@ async fn prepared_statements_bind_and_return_what_the_database_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn change_user_checks_the_new_user_and_starts_afresh() {
     let other = format!(
-        "[[mysql.users]]\nname = \"other\"\nnative_hash = \"{}\"\nschema = \"cu_other\"\n",
+        "[[mysql.users]]\nname = \"other\"\nnative_hash = \"{}\"\nschema = \"cu_other\"\nmax_connections = 1\n",
         osprey_protocol::mysql_auth::native_hash("other-pw")
     );
     let rig = Rig::start(&other).await;
@@ -359,6 +359,12 @@ async fn change_user_checks_the_new_user_and_starts_afresh() {
     assert_eq!(db.as_deref(), Some("cu_other"), "the new user's database");
     let (x,): (Option<i64>,) = a.query_first("SELECT @x").await.unwrap().unwrap();
     assert_eq!(x, None, "nothing of the old user's session");
+    // The same user again, at its cap of one connection: it keeps its own place.
+    let again = mysql_async::ChangeUserOpts::default()
+        .with_user(Some("other".into()))
+        .with_pass(Some("other-pw".into()));
+    a.change_user(again).await.unwrap();
+    a.query_drop("SELECT 1").await.unwrap();
     let bad = mysql_async::ChangeUserOpts::default()
         .with_user(Some("other".into()))
         .with_pass(Some("wrong".into()));

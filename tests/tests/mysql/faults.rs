@@ -247,7 +247,8 @@ async fn bad_input_gets_clear_errors_and_disturbs_nothing() {
 }
 
 /// SIGTERM: a MySQL client inside a transaction finishes it during the drain; one
-/// between statements is let go; the dispatcher exits 0.
+/// between statements is let go at once, even one pinned by untracked state (a user
+/// variable) when no transaction is open; the dispatcher exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_lets_an_open_mysql_transaction_commit() {
     let mut rig = Rig::start("[timeouts]\ndrain_timeout_ms = 5000\n").await;
@@ -257,11 +258,18 @@ async fn a_drain_lets_an_open_mysql_transaction_commit() {
         .query_drop("CREATE TABLE drained (id INT PRIMARY KEY) ENGINE=InnoDB")
         .await
         .unwrap();
+    let mut pinned = rig.conn().await;
+    pinned.query_drop("SET @x = 1").await.unwrap();
     let mut a = rig.conn().await;
     a.query_drop("BEGIN").await.unwrap();
     a.query_drop("INSERT INTO drained VALUES (1)").await.unwrap();
     rig.cluster.dispatcher.signal(nix::sys::signal::Signal::SIGTERM);
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // Pinned but outside a transaction: nothing to finish, so it does not hold the drain.
+    assert!(
+        pinned.query_drop("SELECT @x").await.is_err(),
+        "a pinned connection without a transaction was let go at once"
+    );
     a.query_drop("INSERT INTO drained VALUES (2)").await.unwrap();
     a.query_drop("COMMIT").await.unwrap();
     // Between statements now: the connection is let go, and the dispatcher exits.
@@ -310,4 +318,32 @@ async fn a_statement_too_large_for_a_worker_is_refused_and_kills_nothing() {
             "{name}: no worker replaced"
         );
     }
+}
+
+/// COM_CHANGE_USER whose auth switch the client never answers: bounded by the handshake
+/// timeout, as a login is (the command loop's idle timeout does not run meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_of_user_left_unanswered_is_bounded() {
+    let rig = Rig::start("[timeouts]\nhandshake_timeout_ms = 1000\n").await;
+    let mut s = logged_in(&rig).await;
+    // caching_sha2_password with an empty answer (as libmariadb starts): the front end
+    // switches the client to its plugin and waits for the answer.
+    let mut body = vec![0x11];
+    body.extend_from_slice(crate::USER.as_bytes());
+    body.extend_from_slice(&[0, 0, 0]); // NUL, auth length 0, no database
+    body.extend_from_slice(&45u16.to_le_bytes());
+    body.extend_from_slice(b"caching_sha2_password\0");
+    s.write_all(&packet(0, &body)).await.unwrap();
+    let switch = read_packet(&mut s).await.expect("an auth switch request");
+    assert_eq!(switch[0], 0xFE, "auth switch: {switch:?}");
+    // Say nothing: the connection is closed after the handshake timeout.
+    let t = std::time::Instant::now();
+    let mut byte = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_secs(10), s.read(&mut byte)).await;
+    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "closed: {r:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "within the handshake timeout: {:?}",
+        t.elapsed()
+    );
 }
