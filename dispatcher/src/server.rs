@@ -218,9 +218,13 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         admin::serve(admin_listener, state, ctx.abort.clone())
     });
     tokio::spawn(accept_workers(ctx.clone(), worker_listener));
+    // The descriptors left for clients, SDK and MySQL alike: the workers' and the admin
+    // port's reserve holds whichever port fills up.
+    let client_fds = Arc::new(Semaphore::new(fd_budget.max_client_connections));
     let clients_task = tokio::spawn(accept_clients(
         ctx.clone(),
         client_listener,
+        client_fds.clone(),
         fd_budget.max_client_connections,
         tls.clone(),
     ));
@@ -229,8 +233,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             mysql_config.clone(),
             mysql_tls.clone(),
             ctx.metrics.clone(),
+            config.limits.max_pending_handshakes,
         ));
-        tokio::spawn(crate::mysql::accept(ctx.clone(), front, listener))
+        tokio::spawn(crate::mysql::accept(ctx.clone(), front, listener, client_fds))
     });
     if !mysql_line.is_empty() && mysql_task.is_some() {
         info!("MySQL port ready for any MySQL client: {mysql_line}");
@@ -345,8 +350,14 @@ fn mysql_setup(config: &Config) -> (crate::config::MysqlConfig, String) {
     (m, line)
 }
 
-async fn accept_clients(ctx: Arc<Ctx>, listener: TcpListener, max_connections: usize, tls: Option<Arc<ServerTls>>) {
-    let limit = Arc::new(Semaphore::new(max_connections));
+/// `limit`: the client descriptors (`max_connections` of them), shared with the MySQL port.
+async fn accept_clients(
+    ctx: Arc<Ctx>,
+    listener: TcpListener,
+    limit: Arc<Semaphore>,
+    max_connections: usize,
+    tls: Option<Arc<ServerTls>>,
+) {
     let mut errors = AcceptErrors::new("client");
     let mut over_cap = fds::LogThrottle::default();
     loop {

@@ -67,6 +67,17 @@ pub fn err(errno: u16, sqlstate: &str, message: &str) -> Vec<u8> {
     p
 }
 
+/// An ERR sent instead of the greeting (too many connections): the client has not said
+/// yet that it speaks protocol 4.1, so, as a server does, no SQLSTATE (a 4.1 client would
+/// otherwise show `#08004` as part of the message).
+pub fn err_before_greeting(errno: u16, message: &str) -> Vec<u8> {
+    let mut p = vec![0xFF];
+    p.extend_from_slice(&errno.to_le_bytes());
+    let msg = message.as_bytes();
+    p.extend_from_slice(&msg[..msg.len().min(4000)]);
+    p
+}
+
 /// A column definition (protocol 4.1).
 pub fn column(c: &Column) -> Vec<u8> {
     let mut p = Vec::with_capacity(48 + 2 * (c.name.len() + c.table.len()));
@@ -195,6 +206,7 @@ mod tests {
         let b = ErrorBody::undispatched(Origin::Dispatcher, ErrorCode::SqlBlocked, "digest 1a2b");
         assert_eq!(error_of(&b).0, ER_OSPREY_BLOCKED);
         let p = err(1045, "28000", "Access denied");
+        assert_eq!(err_before_greeting(1040, "Too many connections")[3], b'T');
         assert_eq!(&p[..4], &[0xFF, 0x15, 0x04, b'#']);
     }
 }

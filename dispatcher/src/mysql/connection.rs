@@ -68,7 +68,7 @@ pub async fn serve(
     front: Arc<Front>,
     socket: TcpStream,
     peer: SocketAddr,
-    _permit: OwnedSemaphorePermit,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 ) {
     let id = ctx.next_conn_id();
     let _ = socket.set_nodelay(true);
@@ -88,11 +88,18 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
     let mut reader = PacketReader::new(ClientRead::Plain(rd), HANDSHAKE_MAX, read_timeout);
     let mut writer = PacketWriter::new(ClientWrite::plain(wr), ctx.client_write_timeout());
     let limit = Duration::from_millis(ctx.config.timeouts.handshake_timeout_ms);
-    // Only so many connections log in at once (the client port's bound, shared).
-    let Ok(Ok(_slot)) = tokio::time::timeout(limit, ctx.handshakes.clone().acquire_owned()).await else {
-        writer.packet(&reply::err(
+    // Only so many connections log in at once, and each address only its share of them.
+    let Some(pending) = front.pending(peer.ip()) else {
+        writer.packet(&reply::err_before_greeting(
             1040,
-            "08004",
+            "Too many connections in handshake from this address; try again",
+        ));
+        let _ = writer.flush().await;
+        return;
+    };
+    let Ok(Ok(_slot)) = tokio::time::timeout(limit, front.handshakes.clone().acquire_owned()).await else {
+        writer.packet(&reply::err_before_greeting(
+            1040,
             "Too many connections in handshake; try again",
         ));
         let _ = writer.flush().await;
@@ -173,6 +180,7 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
     };
     front.auth_succeeded(peer.ip(), &login.name);
     drop(_slot);
+    drop(pending);
     if front.config.require_secure_transport && !secure {
         writer.packet(&reply::err(
             3159,

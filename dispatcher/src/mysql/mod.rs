@@ -48,6 +48,30 @@ pub struct Front {
     pub started: Instant,
     per_user: Vec<Arc<AtomicUsize>>,
     failures: Mutex<Failures>,
+    /// Logins in progress (greeting sent, no OK yet): the port's own
+    /// `limits.max_pending_handshakes`, apart from the SDK port's so that a flood on one
+    /// does not hold the other's logins, and each address's share of it.
+    pub handshakes: Arc<Semaphore>,
+    pending: Mutex<HashMap<IpAddr, usize>>,
+    pending_per_address: usize,
+}
+
+/// A login in progress, counted against its address's share until dropped.
+pub struct Pending<'a> {
+    front: &'a Front,
+    ip: IpAddr,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let mut p = self.front.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = p.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                p.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// A connection counted against its user's `max_connections`.
@@ -60,9 +84,19 @@ impl Drop for UserSlot {
 }
 
 impl Front {
-    pub fn new(config: MysqlConfig, tls: Option<Arc<crate::client::tls::ServerTls>>, metrics: Arc<Metrics>) -> Front {
+    pub fn new(
+        config: MysqlConfig,
+        tls: Option<Arc<crate::client::tls::ServerTls>>,
+        metrics: Arc<Metrics>,
+        max_pending_handshakes: usize,
+    ) -> Front {
         let users = config.users.clone();
         Front {
+            handshakes: Arc::new(Semaphore::new(max_pending_handshakes)),
+            pending: Mutex::default(),
+            // One address may hold an eighth of the logins in progress: a silent flood
+            // from one host leaves the others theirs.
+            pending_per_address: (max_pending_handshakes / 8).max(1),
             tls,
             per_user: users.iter().map(|_| Arc::default()).collect(),
             users,
@@ -71,6 +105,17 @@ impl Front {
             started: Instant::now(),
             failures: Mutex::default(),
         }
+    }
+
+    /// A login from `ip` may start: `None` when that address holds its share already.
+    pub fn pending(&self, ip: IpAddr) -> Option<Pending<'_>> {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let n = p.entry(ip).or_default();
+        if *n >= self.pending_per_address {
+            return None;
+        }
+        *n += 1;
+        Some(Pending { front: self, ip })
     }
 
     pub fn m(&self) -> &MysqlMetrics {
@@ -150,8 +195,10 @@ impl Front {
 }
 
 /// Accepts MySQL clients until the task is aborted (at the drain). Past
-/// `mysql.max_connections` a new connection gets ERR 1040 and is closed.
-pub async fn accept(ctx: Arc<Ctx>, front: Arc<Front>, listener: TcpListener) {
+/// `mysql.max_connections`, or past the client descriptors shared with the SDK port
+/// (`client_fds`, what the file-descriptor budget leaves beside the workers' and the
+/// admin port's reserve), a new connection gets ERR 1040 and is closed.
+pub async fn accept(ctx: Arc<Ctx>, front: Arc<Front>, listener: TcpListener, client_fds: Arc<Semaphore>) {
     let limit = Arc::new(Semaphore::new(front.config.max_connections));
     loop {
         let (socket, peer) = match listener.accept().await {
@@ -162,17 +209,22 @@ pub async fn accept(ctx: Arc<Ctx>, front: Arc<Front>, listener: TcpListener) {
                 continue;
             }
         };
-        match limit.clone().try_acquire_owned() {
-            Ok(permit) => {
-                tokio::spawn(connection::serve(ctx.clone(), front.clone(), socket, peer, permit));
+        let permits = limit
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .zip(client_fds.clone().try_acquire_owned().ok());
+        match permits {
+            Some(permits) => {
+                tokio::spawn(connection::serve(ctx.clone(), front.clone(), socket, peer, permits));
             }
-            Err(_) => {
+            None => {
+                ctx.metrics.client_rejected.inc();
                 tokio::spawn(async move {
                     let (_, wr) = socket.into_split();
                     let mut w = packet::PacketWriter::new(wr, Duration::from_secs(1));
-                    w.packet(&osprey_mysql::reply::err(
+                    w.packet(&osprey_mysql::reply::err_before_greeting(
                         osprey_mysql::reply::ER_CON_COUNT,
-                        "08004",
                         "Too many connections",
                     ));
                     let _ = w.flush().await;

@@ -347,3 +347,48 @@ async fn a_change_of_user_left_unanswered_is_bounded() {
         t.elapsed()
     );
 }
+
+/// Silent connections flooding the MySQL port from one address hold at most that
+/// address's share of the port's logins in progress (an eighth of
+/// `limits.max_pending_handshakes`) and none of the SDK port's: a MySQL client from
+/// another address and an SDK client log in at once meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_flood_from_one_address_locks_no_one_else_out() {
+    let rig = Rig::start("[limits]\nmax_pending_handshakes = 64\n[timeouts]\nhandshake_timeout_ms = 4000\n").await;
+    // 200 connections from 127.0.0.2 that never answer the greeting.
+    let mut flood = Vec::new();
+    for _ in 0..200 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        flood.push(socket.connect(rig.mysql).await.unwrap());
+    }
+    // The first greeting is there: the flood is being served.
+    let mut head = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), flood[0].read_exact(&mut head))
+        .await
+        .expect("a greeting")
+        .unwrap();
+    let t = std::time::Instant::now();
+    let mut c = rig.conn().await;
+    c.query_drop("SELECT 1").await.unwrap();
+    let sdk = rig.cluster.dispatcher.client().await.unwrap();
+    sdk.query("SELECT 1", &[]).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "logged in while the flood held its logins: {:?}",
+        t.elapsed()
+    );
+    // Past its share the flood's own connections were turned away at once, with 1040.
+    let mut refused = 0;
+    for s in flood.iter_mut().skip(100) {
+        if let Some(p) = read_packet(s).await {
+            if p.first() == Some(&0xFF) && err_code(&p) == 1040 {
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        refused >= 90,
+        "the flood's connections past its share got 1040: {refused} of 100"
+    );
+}
