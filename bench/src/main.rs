@@ -11,13 +11,15 @@
 //! * `haproxy`: a `mysql_async::Pool` of `--workers` connections through HAProxy (TCP mode).
 //!
 //! Each (workload, clients, target) runs `--warmup` seconds, then is measured for
-//! `--duration` seconds: queries/s, latency percentiles (HdrHistogram) and CPU µs per query
-//! of each process involved (from `/proc/<pid>/stat`, over the timed window only).
+//! `--duration` seconds: queries/s, latency percentiles (HdrHistogram) and, per query, each
+//! process group's user and system CPU time and context switches, and the machine's (over
+//! the timed window only).
 //! See docs/BENCHMARKS.md.
 
 mod cpu;
 mod memory;
 mod procs;
+mod procstat;
 mod report;
 mod sysbench;
 mod tls;
@@ -318,6 +320,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         load_end.trim(),
     );
     report::print_table(&results);
+    report::print_per_query(&results);
     if let Some(path) = &ctx.args.json {
         let doc = serde_json::json!({ "machine": machine, "command": command, "results": results, "memory": memory });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
@@ -477,7 +480,6 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
         .collect();
 
     tokio::time::sleep(Duration::from_secs_f64(ctx.args.warmup)).await;
-    phase.store(workload::MEASURE, Ordering::SeqCst);
     // The TLS target's CPU figures are those of its own dispatcher and workers.
     let watched = match target {
         Target::OspreyD1 => Watched {
@@ -490,14 +492,18 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
         },
         _ => ctx.watched.clone(),
     };
+    // Queries are counted from t0 to the end of the window exactly; the usage window holds
+    // it and the two snapshots (a few ms with many threads to read), so the usage per
+    // query errs high, never low.
     let before = Snapshot::take(&watched);
+    phase.store(workload::MEASURE, Ordering::SeqCst);
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(ctx.args.duration)).await;
     phase.store(workload::STOP, Ordering::SeqCst);
     let elapsed = t0.elapsed().as_secs_f64();
     let after = Snapshot::take(&watched);
     let load1 = cpu::load1();
-    let cpu = cpu::delta(&before, &after);
+    let usage = cpu::delta(&before, &after);
 
     let joined = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(tasks))
         .await
@@ -523,5 +529,5 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
         eprintln!("     error: {e}");
     }
 
-    Ok(RunResult::new(target, wl, clients, elapsed, load1, &total, &cpu))
+    Ok(RunResult::new(target, wl, clients, elapsed, load1, &total, &usage))
 }

@@ -1,13 +1,14 @@
-//! Results: the JSON record, the table and the headline ratios.
+//! Results: the JSON record, the tables and the headline ratios.
 
 use serde::Serialize;
 use serde_json::{json, Value as Json};
 
-use crate::cpu::CpuSeconds;
+use crate::cpu::{Delta, Usage};
 use crate::workload::{TaskOut, Workload};
 use crate::{Args, Target};
 
-/// CPU µs per query of each process; `null` where the process is not on the target's path.
+/// CPU µs per query of each process group (user + system); `null` where the group is not
+/// on the target's path.
 #[derive(Debug, Clone, Serialize)]
 pub struct CpuPerQuery {
     pub loadgen: Option<f64>,
@@ -15,6 +16,29 @@ pub struct CpuPerQuery {
     pub workers: Option<f64>,
     pub mariadb: Option<f64>,
     pub haproxy: Option<f64>,
+}
+
+/// What one process group spent per query.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct GroupPerQuery {
+    pub user_us: f64,
+    pub system_us: f64,
+    /// The group's threads blocked and were woken again: about one per sleep.
+    pub voluntary_cs: f64,
+    /// The group's threads were preempted while runnable.
+    pub involuntary_cs: f64,
+}
+
+/// Per query, by process group (`null` where not on the target's path), and the machine's
+/// context switches per query (every process, this run's and anyone else's).
+#[derive(Debug, Clone, Serialize)]
+pub struct PerQuery {
+    pub loadgen: Option<GroupPerQuery>,
+    pub dispatcher: Option<GroupPerQuery>,
+    pub workers: Option<GroupPerQuery>,
+    pub mariadb: Option<GroupPerQuery>,
+    pub haproxy: Option<GroupPerQuery>,
+    pub machine_cs: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -38,6 +62,7 @@ pub struct RunResult {
     /// Cores stolen by the hypervisor during the window.
     pub steal_cores: f64,
     pub cpu_us_per_query: CpuPerQuery,
+    pub per_query: PerQuery,
 }
 
 impl RunResult {
@@ -48,9 +73,11 @@ impl RunResult {
         window_s: f64,
         load1: f64,
         out: &TaskOut,
-        cpu: &CpuSeconds,
+        usage: &Delta,
     ) -> RunResult {
         let q = |p: f64| if out.ok == 0 { 0 } else { out.hist.value_at_quantile(p) };
+        let per_query = per_query(target, usage, out.ok);
+        let total = |g: Option<GroupPerQuery>| g.map(|g| g.user_us + g.system_us);
         RunResult {
             target: target.name(),
             workload: wl.name(),
@@ -63,23 +90,39 @@ impl RunResult {
             queries: out.ok,
             window_s,
             load1,
-            background_cores: (cpu.background / window_s * 100.0).round() / 100.0,
-            steal_cores: (cpu.steal / window_s * 100.0).round() / 100.0,
-            cpu_us_per_query: per_query(target, cpu, out.ok),
+            background_cores: (usage.background / window_s * 100.0).round() / 100.0,
+            steal_cores: (usage.steal / window_s * 100.0).round() / 100.0,
+            cpu_us_per_query: CpuPerQuery {
+                loadgen: total(per_query.loadgen),
+                dispatcher: total(per_query.dispatcher),
+                workers: total(per_query.workers),
+                mariadb: total(per_query.mariadb),
+                haproxy: total(per_query.haproxy),
+            },
+            per_query,
         }
     }
 }
 
-/// CPU µs per query of the processes on `target`'s path.
-fn per_query(target: Target, cpu: &CpuSeconds, queries: u64) -> CpuPerQuery {
-    let us = |s: Option<f64>| s.filter(|_| queries > 0).map(|s| s * 1e6 / queries as f64);
+/// Usage per query of the groups on `target`'s path.
+fn per_query(target: Target, usage: &Delta, queries: u64) -> PerQuery {
+    let n = queries as f64;
+    let per = |u: Option<Usage>| {
+        u.filter(|_| queries > 0).map(|u| GroupPerQuery {
+            user_us: u.user_s * 1e6 / n,
+            system_us: u.system_s * 1e6 / n,
+            voluntary_cs: u.voluntary as f64 / n,
+            involuntary_cs: u.involuntary as f64 / n,
+        })
+    };
     let osprey = matches!(target, Target::Osprey | Target::OspreyD1 | Target::OspreyTls);
-    CpuPerQuery {
-        loadgen: us(Some(cpu.loadgen)),
-        dispatcher: us(cpu.dispatcher.filter(|_| osprey)),
-        workers: us(cpu.workers.filter(|_| osprey)),
-        mariadb: us(cpu.mariadb),
-        haproxy: us(cpu.haproxy.filter(|_| target == Target::Haproxy)),
+    PerQuery {
+        loadgen: per(Some(usage.loadgen)),
+        dispatcher: per(usage.dispatcher.filter(|_| osprey)),
+        workers: per(usage.workers.filter(|_| osprey)),
+        mariadb: per(usage.mariadb),
+        haproxy: per(usage.haproxy.filter(|_| target == Target::Haproxy)),
+        machine_cs: (queries > 0).then(|| usage.machine_ctxt as f64 / n),
     }
 }
 
@@ -142,6 +185,15 @@ fn opt(v: Option<f64>) -> String {
     }
 }
 
+/// Context switches per query: two decimals (they are around 1).
+fn cs(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.2}"),
+        None => "-".into(),
+    }
+}
+
 pub fn print_table(results: &[RunResult]) {
     println!();
     println!(
@@ -181,6 +233,56 @@ pub fn print_table(results: &[RunResult]) {
             opt(c.haproxy),
             r.background_cores,
         );
+    }
+}
+
+type GroupOf = fn(&PerQuery) -> Option<GroupPerQuery>;
+
+const GROUPS: [(&str, GroupOf); 5] = [
+    ("loadgen", |p| p.loadgen),
+    ("dispatcher", |p| p.dispatcher),
+    ("workers", |p| p.workers),
+    ("mariadb", |p| p.mariadb),
+    ("haproxy", |p| p.haproxy),
+];
+
+/// Per query, by process group: user and system CPU µs, voluntary and involuntary context
+/// switches; and the whole machine's context switches. Groups on no run's path are left out.
+pub fn print_per_query(results: &[RunResult]) {
+    let groups: Vec<(&str, GroupOf)> = GROUPS
+        .into_iter()
+        .filter(|(_, g)| results.iter().any(|r| g(&r.per_query).is_some()))
+        .collect();
+    println!();
+    println!(
+        "per query, by process group: CPU µs in user (usr) and system (sys) mode, context switches \
+         voluntary (vol: blocked, then woken) and involuntary (inv: preempted); machine = every \
+         process's context switches (/proc/stat ctxt)"
+    );
+    let mut head = format!("{:<16} {:<13} {:>7} {:>9}", "", "", "", "");
+    let mut sub = format!("{:<16} {:<13} {:>7} {:>9}", "target", "workload", "clients", "q/s");
+    for (name, _) in &groups {
+        head.push_str(&format!(" | {name:<23}"));
+        sub.push_str(&format!(" | {:>5} {:>5} {:>5} {:>5}", "usr", "sys", "vol", "inv"));
+    }
+    head.push_str(" | machine");
+    sub.push_str(&format!(" | {:>7}", "cs"));
+    println!("{head}");
+    println!("{sub}");
+    for r in results {
+        let mut line = format!("{:<16} {:<13} {:>7} {:>9.0}", r.target, r.workload, r.clients, r.qps);
+        for (_, g) in &groups {
+            let g = g(&r.per_query);
+            line.push_str(&format!(
+                " | {:>5} {:>5} {:>5} {:>5}",
+                opt(g.map(|g| g.user_us)),
+                opt(g.map(|g| g.system_us)),
+                cs(g.map(|g| g.voluntary_cs)),
+                cs(g.map(|g| g.involuntary_cs)),
+            ));
+        }
+        line.push_str(&format!(" | {:>7}", cs(r.per_query.machine_cs)));
+        println!("{line}");
     }
 }
 
@@ -235,5 +337,44 @@ pub fn print_headlines(results: &[RunResult]) {
             d.p50_us
         ),
         _ => println!("  added p50 latency, C=1 (osprey - direct):  n/a"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_query_splits_and_filters_by_path() {
+        let usage = Delta {
+            loadgen: Usage {
+                user_s: 0.010,
+                system_s: 0.005,
+                voluntary: 1000,
+                involuntary: 10,
+            },
+            dispatcher: Some(Usage {
+                user_s: 0.02,
+                ..Usage::default()
+            }),
+            haproxy: Some(Usage::default()),
+            machine_ctxt: 4000,
+            ..Delta::default()
+        };
+        let p = per_query(Target::Osprey, &usage, 1000);
+        let l = p.loadgen.expect("loadgen");
+        assert!(
+            (l.user_us - 10.0).abs() < 1e-9 && (l.system_us - 5.0).abs() < 1e-9,
+            "{l:?}"
+        );
+        assert_eq!((l.voluntary_cs, l.involuntary_cs), (1.0, 0.01));
+        assert!((p.dispatcher.expect("disp").user_us - 20.0).abs() < 1e-9);
+        assert!(p.haproxy.is_none(), "haproxy is not on osprey's path");
+        assert!(p.workers.is_none(), "not watched");
+        assert_eq!(p.machine_cs, Some(4.0));
+        let p = per_query(Target::Haproxy, &usage, 1000);
+        assert!(p.dispatcher.is_none() && p.haproxy.is_some());
+        let p = per_query(Target::Direct, &usage, 0);
+        assert!(p.loadgen.is_none() && p.machine_cs.is_none());
     }
 }

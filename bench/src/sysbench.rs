@@ -127,8 +127,10 @@ pub fn run(
                     let queries = figure(&out, "queries:", 0).max(1.0);
                     let per = |s: Option<f64>| s.map(|s| s * 1e6 / queries);
                     let proxy = match e.name {
-                        "osprey" => per(Some(c.dispatcher.unwrap_or(0.0) + c.workers.unwrap_or(0.0))),
-                        "haproxy" => per(c.haproxy),
+                        "osprey" => per(Some(
+                            c.dispatcher.map_or(0.0, |u| u.cpu_s()) + c.workers.map_or(0.0, |u| u.cpu_s()),
+                        )),
+                        "haproxy" => per(c.haproxy.map(|u| u.cpu_s())),
                         _ => None,
                     };
                     let r = SbRun {
@@ -142,7 +144,7 @@ pub fn run(
                         p95_ms: figure(&out, "95th percentile:", 0),
                         errors: figure(&out, "ignored errors:", 0) as u64,
                         proxy_cpu_us: proxy,
-                        mariadb_cpu_us: per(c.mariadb),
+                        mariadb_cpu_us: per(c.mariadb.map(|u| u.cpu_s())),
                     };
                     eprintln!(
                         "sysbench {test} threads={n} pair={pair} {}: {:.0} q/s, avg {:.2} ms, p95 {:.2} ms, ignored errors {}",
