@@ -13,7 +13,8 @@
 //! Each (workload, clients, target) runs `--warmup` seconds, then is measured for
 //! `--duration` seconds: queries/s, latency percentiles (HdrHistogram) and, per query, each
 //! process group's user and system CPU time and context switches, and the machine's (over
-//! the timed window only).
+//! the timed window only). The header gives the machine's wake-up cost, measured at the
+//! start.
 //! See docs/BENCHMARKS.md.
 
 mod cpu;
@@ -23,6 +24,7 @@ mod procstat;
 mod report;
 mod sysbench;
 mod tls;
+mod wakeup;
 mod workload;
 
 use std::path::PathBuf;
@@ -125,6 +127,10 @@ struct Args {
     /// reported as the worst and the median over the rounds.
     #[arg(long, default_value_t = 3)]
     pairs: usize,
+    /// Round trips of the wake-up cost measurement at the start (two threads ping-ponging
+    /// a byte over a socketpair; `perf bench sched pipe` too if `perf` is on PATH); 0 = skip.
+    #[arg(long, default_value_t = 20_000)]
+    wakeup_rounds: u64,
     /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
     #[arg(long, env = "OSPREY_BIN_DIR")]
     bin_dir: Option<PathBuf>,
@@ -140,6 +146,7 @@ struct Ctx {
     pki: Option<tls::BenchPki>,
     haproxy: Option<procs::Haproxy>,
     watched: Watched,
+    wakeup: Option<wakeup::WakeupCost>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -153,13 +160,23 @@ fn main() -> anyhow::Result<()> {
     if args.rows < 200 {
         bail!("--rows must be at least 200");
     }
+    // Before anything of ours runs: the wake-up cost of the machine as it is.
+    let wakeup = match args.wakeup_rounds {
+        0 => None,
+        n => {
+            eprintln!("measuring the wake-up cost ({n} round trips) ...");
+            let w = wakeup::measure(n).context("measuring the wake-up cost")?;
+            eprintln!("{}", w.text());
+            Some(w)
+        }
+    };
     // The main future runs on this thread (block_on), so children spawned from it with
     // PR_SET_PDEATHSIG live as long as the process.
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(run(args))
+    rt.block_on(run(args, wakeup))
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, wakeup: Option<wakeup::WakeupCost>) -> anyhow::Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let max_clients = *args.clients.iter().max().expect("non-empty");
@@ -276,6 +293,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pki,
         haproxy,
         watched,
+        wakeup,
     };
 
     if !ctx.args.sysbench.is_empty() {
@@ -314,11 +332,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let machine = report::machine(
         &ctx.args,
+        ctx.wakeup.as_ref(),
         &mariadb_version,
         ctx.haproxy.as_ref().map(|h| h.version.clone()),
         load_start.trim(),
         load_end.trim(),
     );
+    report::print_header(ctx.wakeup.as_ref());
     report::print_table(&results);
     report::print_per_query(&results);
     if let Some(path) = &ctx.args.json {
@@ -380,9 +400,14 @@ fn run_sysbench(ctx: &Ctx) -> anyhow::Result<()> {
         ctx.watched.dispatcher,
         ctx.watched.haproxy,
     )?;
+    report::print_header(ctx.wakeup.as_ref());
     sysbench::print(&runs);
     if let Some(path) = &ctx.args.json {
-        let doc = serde_json::json!({ "command": std::env::args().collect::<Vec<_>>().join(" "), "sysbench": runs });
+        let doc = serde_json::json!({
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "wakeup": ctx.wakeup,
+            "sysbench": runs,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
     }
     Ok(())

@@ -4,6 +4,7 @@ use serde::Serialize;
 use serde_json::{json, Value as Json};
 
 use crate::cpu::{Delta, Usage};
+use crate::wakeup::WakeupCost;
 use crate::workload::{TaskOut, Workload};
 use crate::{Args, Target};
 
@@ -149,7 +150,14 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-pub fn machine(args: &Args, mariadb: &str, haproxy: Option<String>, load_start: &str, load_end: &str) -> Json {
+pub fn machine(
+    args: &Args,
+    wakeup: Option<&WakeupCost>,
+    mariadb: &str,
+    haproxy: Option<String>,
+    load_start: &str,
+    load_end: &str,
+) -> Json {
     let mem_gib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
         let kb: f64 = s
             .lines()
@@ -174,6 +182,7 @@ pub fn machine(args: &Args, mariadb: &str, haproxy: Option<String>, load_start: 
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "rows": args.rows,
+        "wakeup": wakeup,
     })
 }
 
@@ -191,6 +200,15 @@ fn cs(v: Option<f64>) -> String {
         Some(v) if v >= 100.0 => format!("{v:.0}"),
         Some(v) => format!("{v:.2}"),
         None => "-".into(),
+    }
+}
+
+/// The header of the text report: the machine's wake-up cost.
+pub fn print_header(wakeup: Option<&WakeupCost>) {
+    println!();
+    match wakeup {
+        Some(w) => println!("{}", w.text()),
+        None => println!("wake-up cost: not measured (--wakeup-rounds 0)"),
     }
 }
 
