@@ -13,8 +13,9 @@
 //! Each (workload, clients, target) runs `--warmup` seconds, then is measured for
 //! `--duration` seconds: queries/s, latency percentiles (HdrHistogram) and, per query, each
 //! process group's user and system CPU time and context switches, and the machine's (over
-//! the timed window only). The header gives the machine's wake-up cost, measured at the
-//! start.
+//! the timed window only). `--pairs N` runs each (workload, clients) cell N times, the
+//! targets' order reversed every other round, and reports each ratio's median and range.
+//! The header gives the machine's wake-up cost, measured at the start.
 //! See docs/BENCHMARKS.md.
 
 mod cpu;
@@ -22,6 +23,7 @@ mod memory;
 mod procs;
 mod procstat;
 mod report;
+mod stats;
 mod sysbench;
 mod tls;
 mod wakeup;
@@ -123,10 +125,14 @@ struct Args {
     /// through direct, HAProxy and Osprey's MySQL port, threads from `--clients`.
     #[arg(long, value_delimiter = ',')]
     sysbench: Vec<String>,
-    /// With `--sysbench`: rounds of the targets, alternating their order; ratios are
-    /// reported as the worst and the median over the rounds.
-    #[arg(long, default_value_t = 3)]
-    pairs: usize,
+    /// Rounds per (workload, clients) cell: each round runs every target once, in
+    /// `--targets` order in even rounds and reversed in odd ones, so that no target always
+    /// runs first (or right after a given one). The ratios of q/s (osprey/direct,
+    /// osprey/haproxy, haproxy/direct) are printed as the median over the rounds and the
+    /// range, worst..best, each round's ratio taken within that round. Default: 1 (one run
+    /// per target, no range), 3 with `--sysbench`.
+    #[arg(long)]
+    pairs: Option<usize>,
     /// Round trips of the wake-up cost measurement at the start (two threads ping-ponging
     /// a byte over a socketpair; `perf bench sched pipe` too if `perf` is on PATH); 0 = skip.
     #[arg(long, default_value_t = 20_000)]
@@ -134,6 +140,13 @@ struct Args {
     /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
     #[arg(long, env = "OSPREY_BIN_DIR")]
     bin_dir: Option<PathBuf>,
+}
+
+impl Args {
+    /// `--pairs`, or its default for the mode.
+    pub fn rounds(&self) -> usize {
+        self.pairs.unwrap_or(if self.sysbench.is_empty() { 1 } else { 3 })
+    }
 }
 
 /// Everything the runs share.
@@ -159,6 +172,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.rows < 200 {
         bail!("--rows must be at least 200");
+    }
+    if args.pairs == Some(0) {
+        bail!("--pairs must be at least 1");
     }
     // Before anything of ours runs: the wake-up cost of the machine as it is.
     let wakeup = match args.wakeup_rounds {
@@ -299,19 +315,32 @@ async fn run(args: Args, wakeup: Option<wakeup::WakeupCost>) -> anyhow::Result<(
     if !ctx.args.sysbench.is_empty() {
         return run_sysbench(&ctx);
     }
+    let rounds = ctx.args.rounds();
     let mut results = Vec::new();
     for &wl in &ctx.args.workloads {
         for &clients in &ctx.args.clients {
-            for &target in &targets {
-                eprintln!("run: target={} workload={} clients={clients}", target.name(), wl.name());
-                let r = run_one(&ctx, target, wl, clients)
-                    .await
-                    .with_context(|| format!("{} / {} / {clients} clients", target.name(), wl.name()))?;
-                eprintln!(
-                    "     {:.0} q/s, p50 {} µs, p99 {} µs, errors {}",
-                    r.qps, r.p50_us, r.p99_us, r.errors
-                );
-                results.push(r);
+            for pair in 0..rounds {
+                // Reverse the order every other round: the first target of a round does
+                // not always get the warm caches, or the last the tired machine.
+                let order: Vec<Target> = match pair % 2 {
+                    0 => targets.clone(),
+                    _ => targets.iter().rev().copied().collect(),
+                };
+                for target in order {
+                    eprintln!(
+                        "run: target={} workload={} clients={clients} round={pair}",
+                        target.name(),
+                        wl.name()
+                    );
+                    let r = run_one(&ctx, target, wl, clients, pair)
+                        .await
+                        .with_context(|| format!("{} / {} / {clients} clients", target.name(), wl.name()))?;
+                    eprintln!(
+                        "     {:.0} q/s, p50 {} µs, p99 {} µs, errors {}",
+                        r.qps, r.p50_us, r.p99_us, r.errors
+                    );
+                    results.push(r);
+                }
             }
         }
     }
@@ -338,11 +367,19 @@ async fn run(args: Args, wakeup: Option<wakeup::WakeupCost>) -> anyhow::Result<(
         load_start.trim(),
         load_end.trim(),
     );
+    let ratios = report::ratios(&results);
     report::print_header(ctx.wakeup.as_ref());
     report::print_table(&results);
     report::print_per_query(&results);
+    report::print_ratios(&ratios, rounds);
     if let Some(path) = &ctx.args.json {
-        let doc = serde_json::json!({ "machine": machine, "command": command, "results": results, "memory": memory });
+        let doc = serde_json::json!({
+            "machine": machine,
+            "command": command,
+            "results": results,
+            "ratios": ratios,
+            "memory": memory,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
@@ -392,7 +429,7 @@ fn run_sysbench(ctx: &Ctx) -> anyhow::Result<()> {
     let runs = sysbench::run(
         &ctx.args.sysbench,
         &ctx.args.clients,
-        ctx.args.pairs.max(1),
+        ctx.args.rounds(),
         ctx.args.duration,
         &endpoints,
         &db,
@@ -486,7 +523,7 @@ async fn handles(ctx: &Ctx, target: Target, clients: usize) -> anyhow::Result<(V
     })
 }
 
-async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> anyhow::Result<RunResult> {
+async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize, pair: usize) -> anyhow::Result<RunResult> {
     if wl.writes() {
         let mut c = ctx.sandbox.primary().conn().await?;
         c.query_drop("TRUNCATE TABLE sbtest_insert").await?;
@@ -554,5 +591,7 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
         eprintln!("     error: {e}");
     }
 
-    Ok(RunResult::new(target, wl, clients, elapsed, load1, &total, &usage))
+    Ok(RunResult::new(
+        target, wl, clients, pair, elapsed, load1, &total, &usage,
+    ))
 }

@@ -1,9 +1,10 @@
-//! Results: the JSON record, the tables and the headline ratios.
+//! Results: the JSON record, the tables, the ratios over the rounds and the headline.
 
 use serde::Serialize;
 use serde_json::{json, Value as Json};
 
 use crate::cpu::{Delta, Usage};
+use crate::stats::{self, Spread};
 use crate::wakeup::WakeupCost;
 use crate::workload::{TaskOut, Workload};
 use crate::{Args, Target};
@@ -47,6 +48,8 @@ pub struct RunResult {
     pub target: &'static str,
     pub workload: &'static str,
     pub clients: usize,
+    /// The round (`--pairs`), from 0; odd rounds run the targets in reverse order.
+    pub pair: usize,
     pub qps: f64,
     pub p50_us: u64,
     pub p99_us: u64,
@@ -67,10 +70,12 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         target: Target,
         wl: Workload,
         clients: usize,
+        pair: usize,
         window_s: f64,
         load1: f64,
         out: &TaskOut,
@@ -83,6 +88,7 @@ impl RunResult {
             target: target.name(),
             workload: wl.name(),
             clients,
+            pair,
             qps: out.ok as f64 / window_s,
             p50_us: q(0.50),
             p99_us: q(0.99),
@@ -182,6 +188,7 @@ pub fn machine(
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "rows": args.rows,
+        "pairs": args.rounds(),
         "wakeup": wakeup,
     })
 }
@@ -215,10 +222,11 @@ pub fn print_header(wakeup: Option<&WakeupCost>) {
 pub fn print_table(results: &[RunResult]) {
     println!();
     println!(
-        "{:<16} {:<13} {:>7} {:>9} {:>8} {:>8} {:>8} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>8}",
+        "{:<16} {:<13} {:>7} {:>3} {:>9} {:>8} {:>8} {:>8} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>8}",
         "target",
         "workload",
         "clients",
+        "rnd",
         "q/s",
         "p50 µs",
         "p99 µs",
@@ -231,14 +239,15 @@ pub fn print_table(results: &[RunResult]) {
         "haproxy",
         "bg cores"
     );
-    println!("{:82} | CPU µs per query, by process (loadgen = this tool)", "");
+    println!("{:86} | CPU µs per query, by process (loadgen = this tool)", "");
     for r in results {
         let c = &r.cpu_us_per_query;
         println!(
-            "{:<16} {:<13} {:>7} {:>9.0} {:>8} {:>8} {:>8} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>8.2}",
+            "{:<16} {:<13} {:>7} {:>3} {:>9.0} {:>8} {:>8} {:>8} {:>6} | {:>7} {:>7} {:>7} {:>7} {:>7} | {:>8.2}",
             r.target,
             r.workload,
             r.clients,
+            r.pair,
             r.qps,
             r.p50_us,
             r.p99_us,
@@ -277,8 +286,11 @@ pub fn print_per_query(results: &[RunResult]) {
          voluntary (vol: blocked, then woken) and involuntary (inv: preempted); machine = every \
          process's context switches (/proc/stat ctxt)"
     );
-    let mut head = format!("{:<16} {:<13} {:>7} {:>9}", "", "", "", "");
-    let mut sub = format!("{:<16} {:<13} {:>7} {:>9}", "target", "workload", "clients", "q/s");
+    let mut head = format!("{:<16} {:<13} {:>7} {:>3} {:>9}", "", "", "", "", "");
+    let mut sub = format!(
+        "{:<16} {:<13} {:>7} {:>3} {:>9}",
+        "target", "workload", "clients", "rnd", "q/s"
+    );
     for (name, _) in &groups {
         head.push_str(&format!(" | {name:<23}"));
         sub.push_str(&format!(" | {:>5} {:>5} {:>5} {:>5}", "usr", "sys", "vol", "inv"));
@@ -288,7 +300,10 @@ pub fn print_per_query(results: &[RunResult]) {
     println!("{head}");
     println!("{sub}");
     for r in results {
-        let mut line = format!("{:<16} {:<13} {:>7} {:>9.0}", r.target, r.workload, r.clients, r.qps);
+        let mut line = format!(
+            "{:<16} {:<13} {:>7} {:>3} {:>9.0}",
+            r.target, r.workload, r.clients, r.pair, r.qps
+        );
         for (_, g) in &groups {
             let g = g(&r.per_query);
             line.push_str(&format!(
@@ -304,23 +319,122 @@ pub fn print_per_query(results: &[RunResult]) {
     }
 }
 
-fn find<'a>(results: &'a [RunResult], target: &str, wl: &str, clients: usize) -> Option<&'a RunResult> {
+/// The ratios of q/s reported over the rounds.
+pub const RATIOS: [(&str, &str); 3] = [("osprey", "direct"), ("osprey", "haproxy"), ("haproxy", "direct")];
+
+/// One ratio of q/s over the rounds of one (workload, clients) cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct RatioSummary {
+    pub workload: &'static str,
+    pub clients: usize,
+    /// `osprey/direct`, `osprey/haproxy` or `haproxy/direct`.
+    pub ratio: String,
+    #[serde(flatten)]
+    pub spread: Spread,
+}
+
+/// Per round, `a`'s q/s over `b`'s in that round, in round order; rounds where either is
+/// missing are skipped.
+fn per_round(results: &[RunResult], a: &str, b: &str, wl: &str, clients: usize) -> Vec<f64> {
     results
         .iter()
-        .find(|r| r.target == target && r.workload == wl && r.clients == clients)
+        .filter(|x| x.target == a && x.workload == wl && x.clients == clients)
+        .filter_map(|x| {
+            let y = results
+                .iter()
+                .find(|y| y.target == b && y.workload == wl && y.clients == clients && y.pair == x.pair)?;
+            Some(x.qps / y.qps)
+        })
+        .collect()
+}
+
+/// The (workload, clients) cells in run order.
+fn cells(results: &[RunResult]) -> Vec<(&'static str, usize)> {
+    let mut out: Vec<(&'static str, usize)> = Vec::new();
+    for r in results {
+        if !out.contains(&(r.workload, r.clients)) {
+            out.push((r.workload, r.clients));
+        }
+    }
+    out
+}
+
+pub fn ratios(results: &[RunResult]) -> Vec<RatioSummary> {
+    let mut out = Vec::new();
+    for (wl, clients) in cells(results) {
+        for (a, b) in RATIOS {
+            if let Some(spread) = Spread::of(&per_round(results, a, b, wl, clients)) {
+                out.push(RatioSummary {
+                    workload: wl,
+                    clients,
+                    ratio: format!("{a}/{b}"),
+                    spread,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The ratios of q/s, each as the median over the rounds and its range (worst..best).
+pub fn print_ratios(ratios: &[RatioSummary], rounds: usize) {
+    if ratios.is_empty() {
+        return;
+    }
+    let names: Vec<String> = RATIOS
+        .iter()
+        .map(|(a, b)| format!("{a}/{b}"))
+        .filter(|n| ratios.iter().any(|r| &r.ratio == n))
+        .collect();
+    println!();
+    if rounds > 1 {
+        println!("q/s ratios over {rounds} rounds (target order reversed every other round): median (worst..best)");
+    } else {
+        println!("q/s ratios, one round (--pairs N for a median and a range over N rounds)");
+    }
+    let mut head = format!("{:<13} {:>7}", "workload", "clients");
+    for n in &names {
+        head.push_str(&format!("   {n:<20}"));
+    }
+    println!("{}", head.trim_end());
+    let mut seen: Vec<(&str, usize)> = Vec::new();
+    for r in ratios {
+        if seen.contains(&(r.workload, r.clients)) {
+            continue;
+        }
+        seen.push((r.workload, r.clients));
+        let mut line = format!("{:<13} {:>7}", r.workload, r.clients);
+        for n in &names {
+            let cell = ratios
+                .iter()
+                .find(|x| x.workload == r.workload && x.clients == r.clients && &x.ratio == n)
+                .map_or_else(|| "n/a".to_owned(), |x| x.spread.text());
+            line.push_str(&format!("   {cell:<20}"));
+        }
+        println!("{}", line.trim_end());
+    }
+}
+
+/// The runs of one target in one cell, every round.
+fn runs<'a>(results: &'a [RunResult], target: &str, wl: &str, clients: usize) -> Vec<&'a RunResult> {
+    results
+        .iter()
+        .filter(|r| r.target == target && r.workload == wl && r.clients == clients)
+        .collect()
 }
 
 fn ratio(results: &[RunResult], a: &str, b: &str, wl: &str, clients: usize) -> String {
-    match (find(results, a, wl, clients), find(results, b, wl, clients)) {
-        (Some(x), Some(y)) if y.qps > 0.0 => format!("{:.2}  ({:.0} / {:.0} q/s)", x.qps / y.qps, x.qps, y.qps),
-        _ => "n/a".into(),
+    let med = |t: &str| stats::median(&runs(results, t, wl, clients).iter().map(|r| r.qps).collect::<Vec<_>>());
+    match Spread::of(&per_round(results, a, b, wl, clients)) {
+        Some(s) => format!("{}  ({:.0} / {:.0} q/s, median)", s.text(), med(a), med(b)),
+        None => "n/a".into(),
     }
 }
 
 pub fn print_headlines(results: &[RunResult]) {
     const P: &str = "point-select";
     println!();
-    println!("headline (point-select):");
+    println!("headline (point-select; over several rounds: median (worst..best)):");
     println!(
         "  osprey/direct          throughput, C=64:   {}",
         ratio(results, "osprey", "direct", P, 64)
@@ -338,29 +452,108 @@ pub fn print_headlines(results: &[RunResult]) {
         ratio(results, "osprey", "haproxy", P, 64)
     );
     for c in [1, 64] {
-        if find(results, "osprey-tls", P, c).is_some() {
+        if !runs(results, "osprey-tls", P, c).is_empty() {
             println!(
                 "  osprey-tls/osprey      throughput, C={c:<4} {}",
                 ratio(results, "osprey-tls", "osprey", P, c)
             );
         }
     }
-    let disp = find(results, "osprey", P, 64).and_then(|r| r.cpu_us_per_query.dispatcher);
+    let disp: Vec<f64> = runs(results, "osprey", P, 64)
+        .iter()
+        .filter_map(|r| r.cpu_us_per_query.dispatcher)
+        .collect();
+    let disp = (!disp.is_empty()).then(|| stats::median(&disp));
     println!("  dispatcher CPU per request, C=64:          {} µs", opt(disp));
-    match (find(results, "osprey", P, 1), find(results, "direct", P, 1)) {
-        (Some(o), Some(d)) => println!(
+    let added: Vec<(u64, u64)> = runs(results, "osprey", P, 1)
+        .iter()
+        .filter_map(|o| {
+            let d = runs(results, "direct", P, 1).into_iter().find(|d| d.pair == o.pair)?;
+            Some((o.p50_us, d.p50_us))
+        })
+        .collect();
+    let med = |f: fn(&(u64, u64)) -> u64| stats::median(&added.iter().map(|x| f(x) as f64).collect::<Vec<_>>());
+    let diffs: Vec<f64> = added.iter().map(|&(o, d)| o as f64 - d as f64).collect();
+    match added.len() {
+        0 => println!("  added p50 latency, C=1 (osprey - direct):  n/a"),
+        1 => println!(
             "  added p50 latency, C=1 (osprey - direct):  {} µs  ({} - {})",
-            o.p50_us as i64 - d.p50_us as i64,
-            o.p50_us,
-            d.p50_us
+            added[0].0 as i64 - added[0].1 as i64,
+            added[0].0,
+            added[0].1
         ),
-        _ => println!("  added p50 latency, C=1 (osprey - direct):  n/a"),
+        _ => println!(
+            "  added p50 latency, C=1 (osprey - direct):  {:.0} µs ({:.0}..{:.0})  (median p50 {:.0} - {:.0})",
+            stats::median(&diffs),
+            diffs.iter().copied().fold(f64::INFINITY, f64::min),
+            diffs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            med(|x| x.0),
+            med(|x| x.1),
+        ),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(target: Target, clients: usize, pair: usize, qps: f64) -> RunResult {
+        let mut out = TaskOut::new();
+        out.ok = qps as u64;
+        let mut r = RunResult::new(
+            target,
+            Workload::PointSelect,
+            clients,
+            pair,
+            1.0,
+            0.0,
+            &out,
+            &Delta::default(),
+        );
+        r.qps = qps;
+        r
+    }
+
+    #[test]
+    fn ratios_pair_each_round_with_its_own_round() {
+        let results = vec![
+            run(Target::Direct, 64, 0, 100.0),
+            run(Target::Osprey, 64, 0, 80.0),
+            run(Target::Haproxy, 64, 0, 90.0),
+            run(Target::Haproxy, 64, 1, 60.0),
+            run(Target::Osprey, 64, 1, 75.0),
+            run(Target::Direct, 64, 1, 50.0),
+            run(Target::Direct, 64, 2, 100.0),
+            run(Target::Osprey, 64, 2, 90.0),
+            // A cell with no haproxy.
+            run(Target::Direct, 1, 0, 10.0),
+            run(Target::Osprey, 1, 0, 5.0),
+        ];
+        let r = ratios(&results);
+        let get = |c: usize, n: &str| r.iter().find(|x| x.clients == c && x.ratio == n).map(|x| &x.spread);
+        let od = get(64, "osprey/direct").expect("osprey/direct");
+        assert_eq!(od.rounds, vec![0.8, 1.5, 0.9]);
+        assert_eq!((od.median, od.worst, od.best), (0.9, 0.8, 1.5));
+        // Round 2 has no haproxy: two rounds.
+        assert_eq!(
+            get(64, "osprey/haproxy").expect("o/h").rounds,
+            vec![80.0 / 90.0, 75.0 / 60.0]
+        );
+        assert_eq!(get(64, "haproxy/direct").expect("h/d").rounds, vec![0.9, 1.2]);
+        assert_eq!(get(1, "osprey/direct").expect("C=1").text(), "0.50");
+        assert!(get(1, "osprey/haproxy").is_none());
+        // Cells in run order, ratios in RATIOS order.
+        let order: Vec<(usize, &str)> = r.iter().map(|x| (x.clients, x.ratio.as_str())).collect();
+        assert_eq!(
+            order,
+            vec![
+                (64, "osprey/direct"),
+                (64, "osprey/haproxy"),
+                (64, "haproxy/direct"),
+                (1, "osprey/direct")
+            ]
+        );
+    }
 
     #[test]
     fn per_query_splits_and_filters_by_path() {

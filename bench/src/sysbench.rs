@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use osprey_sandbox::Instance;
 
 use crate::cpu::{self, Snapshot, Watched};
+use crate::stats::median;
 
 /// One sysbench run's figures.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -159,15 +160,6 @@ pub fn run(
     Ok(runs)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// The table: per (test, threads) the median q/s of each target, and Osprey's ratios to
 /// the others per pair, worst and median.
 pub fn print(runs: &[SbRun]) {
@@ -185,18 +177,18 @@ pub fn print(runs: &[SbRun]) {
                 .collect()
         };
         let (d, h, o) = (of("direct"), of("haproxy"), of("osprey"));
-        let med = |v: &[&SbRun], f: fn(&SbRun) -> f64| median(v.iter().map(|r| f(r)).collect());
+        let med = |v: &[&SbRun], f: fn(&SbRun) -> f64| median(&v.iter().map(|r| f(r)).collect::<Vec<_>>());
         let ratios = |base: &[&SbRun]| -> (f64, f64) {
             let r: Vec<f64> = o
                 .iter()
                 .filter_map(|x| base.iter().find(|b| b.pair == x.pair).map(|b| x.qps / b.qps))
                 .collect();
             let worst = r.iter().copied().fold(f64::INFINITY, f64::min);
-            (worst, median(r))
+            (worst, median(&r))
         };
         let (dw, dm) = ratios(&d);
         let (hw, hm) = ratios(&h);
-        let cpu = |v: &[&SbRun]| median(v.iter().filter_map(|r| r.proxy_cpu_us).collect());
+        let cpu = |v: &[&SbRun]| median(&v.iter().filter_map(|r| r.proxy_cpu_us).collect::<Vec<_>>());
         println!(
             "| {test} | {threads} | {:.0} | {:.0} | {:.0} | {dw:.2} · {dm:.2} | {hw:.2} · {hm:.2} | {:.2} · {:.2} · {:.2} | {:.0} · {:.0} |",
             med(&d, |r| r.qps),
