@@ -1,85 +1,16 @@
-//! CPU time of processes from `/proc/<pid>/stat` (fields 14 `utime` and 15 `stime`, in
-//! clock ticks), and the discovery of the dispatcher's worker processes.
+//! What each process group of a run spent between two snapshots: user and system CPU time
+//! and context switches (voluntary and involuntary, every thread), and the machine's
+//! busy time, steal and context switches.
+//!
+//! The groups: the load generator (this process, from `getrusage(RUSAGE_SELF)`, which
+//! counts its exited threads too), the dispatcher, its `osprey-worker` children, `mariadbd`
+//! and HAProxy (from `/proc`, see [`crate::procstat`]).
 
 use std::collections::HashMap;
 
-/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, usually 100).
-pub fn clk_tck() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as u64
-    } else {
-        100
-    }
-}
+use crate::procstat::{self, Switches};
 
-/// Fields of `/proc/<pid>/stat` after the `(comm)` field: index 0 is field 3 (`state`).
-fn stat_fields(pid: &str) -> Option<(String, Vec<String>)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat[open + 1..close].to_owned();
-    let rest = stat[close + 1..].split_whitespace().map(str::to_owned).collect();
-    Some((comm, rest))
-}
-
-/// utime + stime of one process (all its threads), in ticks.
-pub fn ticks(pid: u32) -> Option<u64> {
-    ticks_of(&pid.to_string())
-}
-
-/// utime + stime of this process.
-pub fn self_ticks() -> u64 {
-    ticks_of("self").unwrap_or(0)
-}
-
-fn ticks_of(pid: &str) -> Option<u64> {
-    let (_, f) = stat_fields(pid)?;
-    // Field 14 is utime, 15 stime; f[0] is field 3.
-    let utime: u64 = f.get(11)?.parse().ok()?;
-    let stime: u64 = f.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// `osprey-worker` processes whose parent is `parent`, with their ticks.
-pub fn worker_ticks(parent: u32) -> HashMap<u32, u64> {
-    let mut out = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Ok(pid) = name.parse::<u32>() else { continue };
-        let Some((comm, f)) = stat_fields(name) else { continue };
-        if comm != "osprey-worker" {
-            continue;
-        }
-        // f[1] is field 4, the parent pid.
-        if f.get(1).and_then(|p| p.parse::<u32>().ok()) != Some(parent) {
-            continue;
-        }
-        let t = f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-            + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
-        out.insert(pid, t);
-    }
-    out
-}
-
-/// Machine-wide busy and steal ticks (all CPUs) from the `cpu` line of `/proc/stat`:
-/// busy = user + nice + system + irq + softirq.
-pub fn machine_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
-        return (0, 0);
-    };
-    let f: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-    let at = |i: usize| f.get(i).copied().unwrap_or(0);
-    (at(0) + at(1) + at(2) + at(5) + at(6), at(7))
-}
-
-/// The processes whose CPU time a run accounts for.
+/// The processes whose usage a run accounts for.
 #[derive(Debug, Clone, Default)]
 pub struct Watched {
     pub dispatcher: Option<u32>,
@@ -87,82 +18,174 @@ pub struct Watched {
     pub haproxy: Option<u32>,
 }
 
-/// CPU ticks of every watched process at one instant.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    loadgen: u64,
-    dispatcher: Option<u64>,
-    workers: HashMap<u32, u64>,
-    mariadb: Option<u64>,
-    haproxy: Option<u64>,
-    machine_busy: u64,
-    machine_steal: u64,
+/// What a group of processes spent between two snapshots.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub user_s: f64,
+    pub system_s: f64,
+    pub voluntary: u64,
+    pub involuntary: u64,
 }
 
-impl Snapshot {
-    pub fn take(w: &Watched) -> Snapshot {
-        Snapshot {
-            loadgen: self_ticks(),
-            dispatcher: w.dispatcher.and_then(ticks),
-            workers: w.dispatcher.map(worker_ticks).unwrap_or_default(),
-            mariadb: w.mariadb.and_then(ticks),
-            haproxy: w.haproxy.and_then(ticks),
-            machine_busy: machine_ticks().0,
-            machine_steal: machine_ticks().1,
+impl Usage {
+    pub fn cpu_s(&self) -> f64 {
+        self.user_s + self.system_s
+    }
+}
+
+/// One group's counters at one instant: each process's CPU ticks (user, system) by pid,
+/// each live thread's context switches by thread id.
+#[derive(Debug, Clone, Default)]
+pub struct GroupSample {
+    procs: HashMap<u32, (u64, u64)>,
+    threads: HashMap<u32, Switches>,
+}
+
+impl GroupSample {
+    pub fn take(pids: &[u32]) -> GroupSample {
+        let mut g = GroupSample::default();
+        for &pid in pids {
+            if let Some(s) = procstat::stat(pid) {
+                g.procs.insert(pid, (s.utime, s.stime));
+                g.threads.extend(procstat::thread_switches(pid));
+            }
+        }
+        g
+    }
+
+    /// Usage from `before` to `self`. A process or thread that appeared in between counts
+    /// from zero; one that is gone at the end counts nothing (its last counts are lost with
+    /// it, so the figure may be low, never negative).
+    pub fn since(&self, before: &GroupSample, hz: f64) -> Usage {
+        let mut user = 0u64;
+        let mut system = 0u64;
+        for (pid, &(u, s)) in &self.procs {
+            let (u0, s0) = before.procs.get(pid).copied().unwrap_or((0, 0));
+            user += u.saturating_sub(u0);
+            system += s.saturating_sub(s0);
+        }
+        let mut switches = Switches::default();
+        for (tid, end) in &self.threads {
+            let start = before.threads.get(tid).copied().unwrap_or_default();
+            switches.voluntary += end.voluntary.saturating_sub(start.voluntary);
+            switches.involuntary += end.involuntary.saturating_sub(start.involuntary);
+        }
+        Usage {
+            user_s: user as f64 / hz,
+            system_s: system as f64 / hz,
+            voluntary: switches.voluntary,
+            involuntary: switches.involuntary,
         }
     }
 }
 
-/// CPU seconds spent by each watched process between two snapshots.
+/// This process's own usage, every thread (live and exited), µs precision.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CpuSeconds {
-    pub loadgen: f64,
-    pub dispatcher: Option<f64>,
-    pub workers: Option<f64>,
-    pub mariadb: Option<f64>,
-    pub haproxy: Option<f64>,
+struct SelfSample {
+    user_us: u64,
+    system_us: u64,
+    switches: Switches,
+}
+
+impl SelfSample {
+    fn take() -> SelfSample {
+        // SAFETY: getrusage writes the struct it is given; a zeroed rusage is valid.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+            return SelfSample::default();
+        }
+        let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+        SelfSample {
+            user_us: us(ru.ru_utime),
+            system_us: us(ru.ru_stime),
+            switches: Switches {
+                voluntary: ru.ru_nvcsw as u64,
+                involuntary: ru.ru_nivcsw as u64,
+            },
+        }
+    }
+
+    fn since(&self, before: &SelfSample) -> Usage {
+        Usage {
+            user_s: self.user_us.saturating_sub(before.user_us) as f64 / 1e6,
+            system_s: self.system_us.saturating_sub(before.system_us) as f64 / 1e6,
+            voluntary: self.switches.voluntary.saturating_sub(before.switches.voluntary),
+            involuntary: self.switches.involuntary.saturating_sub(before.switches.involuntary),
+        }
+    }
+}
+
+/// Every watched group's counters at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    loadgen: SelfSample,
+    dispatcher: Option<GroupSample>,
+    workers: Option<GroupSample>,
+    mariadb: Option<GroupSample>,
+    haproxy: Option<GroupSample>,
+    machine: procstat::Machine,
+}
+
+impl Snapshot {
+    pub fn take(w: &Watched) -> Snapshot {
+        let one = |pid: Option<u32>| pid.map(|p| GroupSample::take(&[p]));
+        Snapshot {
+            loadgen: SelfSample::take(),
+            dispatcher: one(w.dispatcher),
+            workers: w
+                .dispatcher
+                .map(|d| GroupSample::take(&procstat::children_named(d, "osprey-worker"))),
+            mariadb: one(w.mariadb),
+            haproxy: one(w.haproxy),
+            machine: procstat::machine(),
+        }
+    }
+}
+
+/// What each watched group spent between two snapshots (`None`: not watched).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Delta {
+    pub loadgen: Usage,
+    pub dispatcher: Option<Usage>,
+    pub workers: Option<Usage>,
+    pub mariadb: Option<Usage>,
+    pub haproxy: Option<Usage>,
     /// CPU seconds used by every other process on the machine (other engineers' builds
-    /// and tests): machine-wide busy time minus all the processes above.
+    /// and tests): machine-wide busy time minus all the groups above.
     pub background: f64,
     /// CPU seconds stolen by the hypervisor.
     pub steal: f64,
+    /// Context switches of the whole machine (`/proc/stat` `ctxt`), every process.
+    pub machine_ctxt: u64,
 }
 
-pub fn delta(a: &Snapshot, b: &Snapshot) -> CpuSeconds {
-    let hz = clk_tck() as f64;
-    let d = |x: Option<u64>, y: Option<u64>| match (x, y) {
-        (Some(x), Some(y)) => Some(y.saturating_sub(x) as f64 / hz),
+pub fn delta(a: &Snapshot, b: &Snapshot) -> Delta {
+    let hz = procstat::clk_tck() as f64;
+    let group = |x: &Option<GroupSample>, y: &Option<GroupSample>| match (x, y) {
+        (Some(x), Some(y)) => Some(y.since(x, hz)),
         _ => None,
     };
-    let workers = if b.workers.is_empty() && a.workers.is_empty() {
-        None
-    } else {
-        // A worker started inside the window counts from zero.
-        let t: u64 = b
-            .workers
-            .iter()
-            .map(|(pid, end)| end.saturating_sub(a.workers.get(pid).copied().unwrap_or(0)))
-            .sum();
-        Some(t as f64 / hz)
-    };
-    let loadgen = b.loadgen.saturating_sub(a.loadgen) as f64 / hz;
-    let dispatcher = d(a.dispatcher, b.dispatcher);
-    let mariadb = d(a.mariadb, b.mariadb);
-    let haproxy = d(a.haproxy, b.haproxy);
-    let ours = loadgen
+    let loadgen = b.loadgen.since(&a.loadgen);
+    let dispatcher = group(&a.dispatcher, &b.dispatcher);
+    let workers = group(&a.workers, &b.workers);
+    let mariadb = group(&a.mariadb, &b.mariadb);
+    let haproxy = group(&a.haproxy, &b.haproxy);
+    let ours = loadgen.cpu_s()
         + [dispatcher, workers, mariadb, haproxy]
             .iter()
-            .map(|x| x.unwrap_or(0.0))
+            .flatten()
+            .map(Usage::cpu_s)
             .sum::<f64>();
-    let busy = b.machine_busy.saturating_sub(a.machine_busy) as f64 / hz;
-    CpuSeconds {
+    let busy = b.machine.busy.saturating_sub(a.machine.busy) as f64 / hz;
+    Delta {
         loadgen,
         dispatcher,
         workers,
         mariadb,
         haproxy,
         background: (busy - ours).max(0.0),
-        steal: b.machine_steal.saturating_sub(a.machine_steal) as f64 / hz,
+        steal: b.machine.steal.saturating_sub(a.machine.steal) as f64 / hz,
+        machine_ctxt: b.machine.ctxt.saturating_sub(a.machine.ctxt),
     }
 }
 
@@ -178,14 +201,64 @@ pub fn load1() -> f64 {
 mod tests {
     use super::*;
 
+    fn sample(procs: &[(u32, u64, u64)], threads: &[(u32, u64, u64)]) -> GroupSample {
+        GroupSample {
+            procs: procs.iter().map(|&(p, u, s)| (p, (u, s))).collect(),
+            threads: threads
+                .iter()
+                .map(|&(t, v, i)| {
+                    (
+                        t,
+                        Switches {
+                            voluntary: v,
+                            involuntary: i,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
     #[test]
-    fn own_ticks_are_readable() {
-        assert!(ticks(std::process::id()).is_some());
+    fn group_usage_counts_new_threads_from_zero_and_gone_ones_as_nothing() {
+        // pid 10 (threads 10, 11) throughout; thread 12 exits; pid 20 (thread 20) starts
+        // inside the window.
+        let before = sample(&[(10, 100, 50)], &[(10, 5, 1), (11, 7, 0), (12, 1000, 9)]);
+        let after = sample(&[(10, 130, 60), (20, 4, 2)], &[(10, 9, 1), (11, 17, 3), (20, 6, 1)]);
+        let u = after.since(&before, 100.0);
+        assert_eq!(
+            u,
+            Usage {
+                user_s: (30 + 4) as f64 / 100.0,
+                system_s: (10 + 2) as f64 / 100.0,
+                voluntary: 4 + 10 + 6,
+                involuntary: 3 + 1,
+            }
+        );
+        // Backwards: counters that fell count nothing (never negative); thread 12, only in
+        // the end sample here, counts whole.
+        let u = before.since(&after, 100.0);
+        assert_eq!((u.voluntary, u.involuntary), (1000, 9));
+        assert_eq!(u.user_s, 0.0);
+    }
+
+    #[test]
+    fn own_usage_is_readable() {
+        let w = Watched {
+            mariadb: Some(std::process::id()),
+            ..Watched::default()
+        };
+        let a = Snapshot::take(&w);
         let mut x = 0u64;
         for i in 0..20_000_000u64 {
             x = x.wrapping_mul(31).wrapping_add(i);
         }
         std::hint::black_box(x);
-        assert!(self_ticks() > 0);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let d = delta(&a, &Snapshot::take(&w));
+        assert!(d.loadgen.cpu_s() > 0.0, "{d:?}");
+        assert!(d.loadgen.voluntary >= 1, "the sleep is a voluntary switch: {d:?}");
+        assert!(d.mariadb.is_some() && d.dispatcher.is_none() && d.workers.is_none());
+        assert!(d.machine_ctxt >= 1, "{d:?}");
     }
 }

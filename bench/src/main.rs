@@ -11,16 +11,22 @@
 //! * `haproxy`: a `mysql_async::Pool` of `--workers` connections through HAProxy (TCP mode).
 //!
 //! Each (workload, clients, target) runs `--warmup` seconds, then is measured for
-//! `--duration` seconds: queries/s, latency percentiles (HdrHistogram) and CPU µs per query
-//! of each process involved (from `/proc/<pid>/stat`, over the timed window only).
+//! `--duration` seconds: queries/s, latency percentiles (HdrHistogram) and, per query, each
+//! process group's user and system CPU time and context switches, and the machine's (over
+//! the timed window only). `--pairs N` runs each (workload, clients) cell N times, the
+//! targets' order reversed every other round, and reports each ratio's median and range.
+//! The header gives the machine's wake-up cost, measured at the start.
 //! See docs/BENCHMARKS.md.
 
 mod cpu;
 mod memory;
 mod procs;
+mod procstat;
 mod report;
+mod stats;
 mod sysbench;
 mod tls;
+mod wakeup;
 mod workload;
 
 use std::path::PathBuf;
@@ -119,13 +125,28 @@ struct Args {
     /// through direct, HAProxy and Osprey's MySQL port, threads from `--clients`.
     #[arg(long, value_delimiter = ',')]
     sysbench: Vec<String>,
-    /// With `--sysbench`: rounds of the targets, alternating their order; ratios are
-    /// reported as the worst and the median over the rounds.
-    #[arg(long, default_value_t = 3)]
-    pairs: usize,
+    /// Rounds per (workload, clients) cell: each round runs every target once, in
+    /// `--targets` order in even rounds and reversed in odd ones, so that no target always
+    /// runs first (or right after a given one). The ratios of q/s (osprey/direct,
+    /// osprey/haproxy, haproxy/direct) are printed as the median over the rounds and the
+    /// range, worst..best, each round's ratio taken within that round. Default: 1 (one run
+    /// per target, no range), 3 with `--sysbench`.
+    #[arg(long)]
+    pairs: Option<usize>,
+    /// Round trips of the wake-up cost measurement at the start (two threads ping-ponging
+    /// a byte over a socketpair; `perf bench sched pipe` too if `perf` is on PATH); 0 = skip.
+    #[arg(long, default_value_t = 20_000)]
+    wakeup_rounds: u64,
     /// Directory holding osprey-dispatcher and osprey-worker (default: next to this binary).
     #[arg(long, env = "OSPREY_BIN_DIR")]
     bin_dir: Option<PathBuf>,
+}
+
+impl Args {
+    /// `--pairs`, or its default for the mode.
+    pub fn rounds(&self) -> usize {
+        self.pairs.unwrap_or(if self.sysbench.is_empty() { 1 } else { 3 })
+    }
 }
 
 /// Everything the runs share.
@@ -138,6 +159,7 @@ struct Ctx {
     pki: Option<tls::BenchPki>,
     haproxy: Option<procs::Haproxy>,
     watched: Watched,
+    wakeup: Option<wakeup::WakeupCost>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -151,13 +173,26 @@ fn main() -> anyhow::Result<()> {
     if args.rows < 200 {
         bail!("--rows must be at least 200");
     }
+    if args.pairs == Some(0) {
+        bail!("--pairs must be at least 1");
+    }
+    // Before anything of ours runs: the wake-up cost of the machine as it is.
+    let wakeup = match args.wakeup_rounds {
+        0 => None,
+        n => {
+            eprintln!("measuring the wake-up cost ({n} round trips) ...");
+            let w = wakeup::measure(n).context("measuring the wake-up cost")?;
+            eprintln!("{}", w.text());
+            Some(w)
+        }
+    };
     // The main future runs on this thread (block_on), so children spawned from it with
     // PR_SET_PDEATHSIG live as long as the process.
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(run(args))
+    rt.block_on(run(args, wakeup))
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, wakeup: Option<wakeup::WakeupCost>) -> anyhow::Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let load_start = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let max_clients = *args.clients.iter().max().expect("non-empty");
@@ -274,24 +309,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pki,
         haproxy,
         watched,
+        wakeup,
     };
 
     if !ctx.args.sysbench.is_empty() {
         return run_sysbench(&ctx);
     }
+    let rounds = ctx.args.rounds();
     let mut results = Vec::new();
     for &wl in &ctx.args.workloads {
         for &clients in &ctx.args.clients {
-            for &target in &targets {
-                eprintln!("run: target={} workload={} clients={clients}", target.name(), wl.name());
-                let r = run_one(&ctx, target, wl, clients)
-                    .await
-                    .with_context(|| format!("{} / {} / {clients} clients", target.name(), wl.name()))?;
-                eprintln!(
-                    "     {:.0} q/s, p50 {} µs, p99 {} µs, errors {}",
-                    r.qps, r.p50_us, r.p99_us, r.errors
-                );
-                results.push(r);
+            for pair in 0..rounds {
+                // Reverse the order every other round: the first target of a round does
+                // not always get the warm caches, or the last the tired machine.
+                let order: Vec<Target> = match pair % 2 {
+                    0 => targets.clone(),
+                    _ => targets.iter().rev().copied().collect(),
+                };
+                for target in order {
+                    eprintln!(
+                        "run: target={} workload={} clients={clients} round={pair}",
+                        target.name(),
+                        wl.name()
+                    );
+                    let r = run_one(&ctx, target, wl, clients, pair)
+                        .await
+                        .with_context(|| format!("{} / {} / {clients} clients", target.name(), wl.name()))?;
+                    eprintln!(
+                        "     {:.0} q/s, p50 {} µs, p99 {} µs, errors {}",
+                        r.qps, r.p50_us, r.p99_us, r.errors
+                    );
+                    results.push(r);
+                }
             }
         }
     }
@@ -312,14 +361,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let load_end = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let machine = report::machine(
         &ctx.args,
+        ctx.wakeup.as_ref(),
         &mariadb_version,
         ctx.haproxy.as_ref().map(|h| h.version.clone()),
         load_start.trim(),
         load_end.trim(),
     );
+    let ratios = report::ratios(&results);
+    report::print_header(ctx.wakeup.as_ref());
     report::print_table(&results);
+    report::print_per_query(&results);
+    report::print_ratios(&ratios, rounds);
     if let Some(path) = &ctx.args.json {
-        let doc = serde_json::json!({ "machine": machine, "command": command, "results": results, "memory": memory });
+        let doc = serde_json::json!({
+            "machine": machine,
+            "command": command,
+            "results": results,
+            "ratios": ratios,
+            "memory": memory,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
@@ -369,7 +429,7 @@ fn run_sysbench(ctx: &Ctx) -> anyhow::Result<()> {
     let runs = sysbench::run(
         &ctx.args.sysbench,
         &ctx.args.clients,
-        ctx.args.pairs.max(1),
+        ctx.args.rounds(),
         ctx.args.duration,
         &endpoints,
         &db,
@@ -377,9 +437,14 @@ fn run_sysbench(ctx: &Ctx) -> anyhow::Result<()> {
         ctx.watched.dispatcher,
         ctx.watched.haproxy,
     )?;
+    report::print_header(ctx.wakeup.as_ref());
     sysbench::print(&runs);
     if let Some(path) = &ctx.args.json {
-        let doc = serde_json::json!({ "command": std::env::args().collect::<Vec<_>>().join(" "), "sysbench": runs });
+        let doc = serde_json::json!({
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "wakeup": ctx.wakeup,
+            "sysbench": runs,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")?;
     }
     Ok(())
@@ -458,7 +523,7 @@ async fn handles(ctx: &Ctx, target: Target, clients: usize) -> anyhow::Result<(V
     })
 }
 
-async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> anyhow::Result<RunResult> {
+async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize, pair: usize) -> anyhow::Result<RunResult> {
     if wl.writes() {
         let mut c = ctx.sandbox.primary().conn().await?;
         c.query_drop("TRUNCATE TABLE sbtest_insert").await?;
@@ -477,7 +542,6 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
         .collect();
 
     tokio::time::sleep(Duration::from_secs_f64(ctx.args.warmup)).await;
-    phase.store(workload::MEASURE, Ordering::SeqCst);
     // The TLS target's CPU figures are those of its own dispatcher and workers.
     let watched = match target {
         Target::OspreyD1 => Watched {
@@ -490,14 +554,18 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
         },
         _ => ctx.watched.clone(),
     };
+    // Queries are counted from t0 to the end of the window exactly; the usage window holds
+    // it and the two snapshots (a few ms with many threads to read), so the usage per
+    // query errs high, never low.
     let before = Snapshot::take(&watched);
+    phase.store(workload::MEASURE, Ordering::SeqCst);
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(ctx.args.duration)).await;
     phase.store(workload::STOP, Ordering::SeqCst);
     let elapsed = t0.elapsed().as_secs_f64();
     let after = Snapshot::take(&watched);
     let load1 = cpu::load1();
-    let cpu = cpu::delta(&before, &after);
+    let usage = cpu::delta(&before, &after);
 
     let joined = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(tasks))
         .await
@@ -523,5 +591,7 @@ async fn run_one(ctx: &Ctx, target: Target, wl: Workload, clients: usize) -> any
         eprintln!("     error: {e}");
     }
 
-    Ok(RunResult::new(target, wl, clients, elapsed, load1, &total, &cpu))
+    Ok(RunResult::new(
+        target, wl, clients, pair, elapsed, load1, &total, &usage,
+    ))
 }

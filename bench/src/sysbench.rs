@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use osprey_sandbox::Instance;
 
 use crate::cpu::{self, Snapshot, Watched};
+use crate::stats::median;
 
 /// One sysbench run's figures.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -127,8 +128,10 @@ pub fn run(
                     let queries = figure(&out, "queries:", 0).max(1.0);
                     let per = |s: Option<f64>| s.map(|s| s * 1e6 / queries);
                     let proxy = match e.name {
-                        "osprey" => per(Some(c.dispatcher.unwrap_or(0.0) + c.workers.unwrap_or(0.0))),
-                        "haproxy" => per(c.haproxy),
+                        "osprey" => per(Some(
+                            c.dispatcher.map_or(0.0, |u| u.cpu_s()) + c.workers.map_or(0.0, |u| u.cpu_s()),
+                        )),
+                        "haproxy" => per(c.haproxy.map(|u| u.cpu_s())),
                         _ => None,
                     };
                     let r = SbRun {
@@ -142,7 +145,7 @@ pub fn run(
                         p95_ms: figure(&out, "95th percentile:", 0),
                         errors: figure(&out, "ignored errors:", 0) as u64,
                         proxy_cpu_us: proxy,
-                        mariadb_cpu_us: per(c.mariadb),
+                        mariadb_cpu_us: per(c.mariadb.map(|u| u.cpu_s())),
                     };
                     eprintln!(
                         "sysbench {test} threads={n} pair={pair} {}: {:.0} q/s, avg {:.2} ms, p95 {:.2} ms, ignored errors {}",
@@ -155,15 +158,6 @@ pub fn run(
         }
     }
     Ok(runs)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// The table: per (test, threads) the median q/s of each target, and Osprey's ratios to
@@ -183,18 +177,18 @@ pub fn print(runs: &[SbRun]) {
                 .collect()
         };
         let (d, h, o) = (of("direct"), of("haproxy"), of("osprey"));
-        let med = |v: &[&SbRun], f: fn(&SbRun) -> f64| median(v.iter().map(|r| f(r)).collect());
+        let med = |v: &[&SbRun], f: fn(&SbRun) -> f64| median(&v.iter().map(|r| f(r)).collect::<Vec<_>>());
         let ratios = |base: &[&SbRun]| -> (f64, f64) {
             let r: Vec<f64> = o
                 .iter()
                 .filter_map(|x| base.iter().find(|b| b.pair == x.pair).map(|b| x.qps / b.qps))
                 .collect();
             let worst = r.iter().copied().fold(f64::INFINITY, f64::min);
-            (worst, median(r))
+            (worst, median(&r))
         };
         let (dw, dm) = ratios(&d);
         let (hw, hm) = ratios(&h);
-        let cpu = |v: &[&SbRun]| median(v.iter().filter_map(|r| r.proxy_cpu_us).collect());
+        let cpu = |v: &[&SbRun]| median(&v.iter().filter_map(|r| r.proxy_cpu_us).collect::<Vec<_>>());
         println!(
             "| {test} | {threads} | {:.0} | {:.0} | {:.0} | {dw:.2} · {dm:.2} | {hw:.2} · {hm:.2} | {:.2} · {:.2} · {:.2} | {:.0} · {:.0} |",
             med(&d, |r| r.qps),

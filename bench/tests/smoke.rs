@@ -26,6 +26,8 @@ fn smoke_direct_and_osprey_point_select() {
             "0",
             "--rows",
             "2000",
+            "--wakeup-rounds",
+            "200",
             "--json",
         ])
         .arg(&json)
@@ -43,6 +45,18 @@ fn smoke_direct_and_osprey_point_select() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).expect("valid JSON");
     assert!(doc["machine"]["cores"].as_u64().unwrap_or(0) >= 1, "{doc:#}");
+    assert!(
+        doc["machine"]["wakeup"]["round_trip_us"].as_f64().unwrap_or(0.0) > 0.0,
+        "{doc:#}"
+    );
+    assert!(
+        stdout.contains("wake-up cost"),
+        "no wake-up cost in the header:\n{stdout}"
+    );
+    let ratios = doc["ratios"].as_array().expect("ratios array");
+    assert_eq!(ratios.len(), 1, "{doc:#}");
+    assert_eq!(ratios[0]["ratio"], "osprey/direct", "{doc:#}");
+    assert!(ratios[0]["median"].as_f64().unwrap_or(0.0) > 0.0, "{doc:#}");
     assert!(
         doc["command"].as_str().is_some_and(|c| c.contains("--targets")),
         "{doc:#}"
@@ -66,5 +80,15 @@ fn smoke_direct_and_osprey_point_select() {
         } else {
             assert!(cpu["dispatcher"].is_null(), "{r:#}");
         }
+        let per = &r["per_query"];
+        for group in ["loadgen", "mariadb"] {
+            for field in ["user_us", "system_us", "voluntary_cs", "involuntary_cs"] {
+                assert!(per[group][field].as_f64().is_some(), "{group}.{field}: {r:#}");
+            }
+        }
+        // MariaDB sleeps between requests (several pipelined requests may share a wake-up).
+        assert!(per["mariadb"]["voluntary_cs"].as_f64().unwrap_or(0.0) > 0.0, "{r:#}");
+        assert!(per["machine_cs"].as_f64().unwrap_or(0.0) > 0.0, "{r:#}");
+        assert_eq!(per["workers"].is_null(), target != "osprey", "{r:#}");
     }
 }
