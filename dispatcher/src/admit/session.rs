@@ -19,7 +19,7 @@ use tracing::{debug, Instrument};
 use crate::admit::{decode, intercept, refuse, reserve, route, submit, Refusal};
 use crate::ctx::Ctx;
 use crate::request::job::{Job, Opening};
-use crate::request::session::{GateError, GatePermit, Session, SessionGate};
+use crate::request::session::{GateError, GatePermit, Session, SessionGate, TenantShare};
 use crate::request::streams::ClientShared;
 
 /// Statements one session may have waiting for its worker (a session runs one at a time;
@@ -188,6 +188,7 @@ pub async fn open(
     // The waits for places run in their own task: the connection goes on reading.
     let ctx = ctx.clone();
     let conn_gate = sessions.gate.clone();
+    let conn_id = shared.id;
     tokio::spawn(
         async move {
             let limits = ctx.config.sessions.clone();
@@ -207,9 +208,23 @@ pub async fn open(
             let (sized, queue) = (group.clone(), limits.queue);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let cap = || limits.cap(sized.target_size());
-            let Some((job, permit)) = enter(&ctx, job, group.sessions.enter(cap, queue, left), |e| {
+            let tenant = group.tenant_of(conn_id);
+            let tenant_cap = || limits.tenant_cap(cap(), sized.active_tenants().saturating_sub(1));
+            let share = Some(TenantShare {
+                tenant,
+                cap: tenant_cap,
+            });
+            let opening = group.sessions.enter_as(share, cap, queue, left);
+            let Some((job, permit)) = enter(&ctx, job, opening, |e| {
                 let cap = cap();
                 match e {
+                    GateError::TenantShare => format!(
+                        "this client's token or MySQL user holds {} of the {cap} sessions this slot group \
+                         allows (sessions.max_per_tenant: the others are kept for other tenants) and none \
+                         of its own ended within {} ms",
+                        tenant_cap(),
+                        wait.as_millis()
+                    ),
                     GateError::Full => format!(
                         "{cap} sessions pin this slot group's workers (sessions.max_per_group) and \
                          sessions.queue = {queue} more wait already"

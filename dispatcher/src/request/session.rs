@@ -22,6 +22,9 @@ pub struct SessionsConfig {
     pub max_per_group: usize,
     /// Sessions one client connection may have open (or opening) at once.
     pub max_per_connection: usize,
+    /// Sessions of one tenant (a client token, a MySQL user) per group; 0: the group's
+    /// cap less one place for each other tenant with a connection open, at least 1.
+    pub max_per_tenant: usize,
     /// Opens that may wait for a place under `max_per_group`, per group; more: SESSION_LIMIT at once.
     pub queue: usize,
     /// How long an open waits for a place and then a worker (a REQUEST's `timeout_ms` may
@@ -41,6 +44,7 @@ impl Default for SessionsConfig {
         SessionsConfig {
             max_per_group: 0,
             max_per_connection: 8,
+            max_per_tenant: 0,
             queue: 256,
             open_timeout_ms: 0,
             idle_in_transaction_timeout_ms: 30_000,
@@ -55,6 +59,16 @@ impl SessionsConfig {
     pub fn cap(&self, size: usize) -> usize {
         match self.max_per_group {
             0 => (size / 2).max(1),
+            n => n,
+        }
+    }
+
+    /// The sessions one tenant may hold in a group whose cap is `cap`, while `others`
+    /// other tenants have connections open: so that one tenant cannot take every place
+    /// and keep the others' transactions out for as long as its sessions live.
+    pub fn tenant_cap(&self, cap: usize, others: usize) -> usize {
+        match self.max_per_tenant {
+            0 => cap.saturating_sub(others).max(1),
             n => n,
         }
     }
@@ -158,20 +172,37 @@ pub struct SessionGate {
 struct GateState {
     open: usize,
     waiting: usize,
+    /// Places held by tenant (of opens that named one).
+    by_tenant: std::collections::HashMap<u32, usize>,
 }
 
 /// A session's place under its group's cap; given back when dropped.
 pub struct GatePermit {
     gate: Arc<SessionGate>,
+    tenant: Option<u32>,
 }
 
 impl Drop for GatePermit {
     fn drop(&mut self) {
         let mut s = self.gate.lock();
         s.open = s.open.saturating_sub(1);
+        if let Some(t) = self.tenant {
+            if let Some(n) = s.by_tenant.get_mut(&t) {
+                *n -= 1;
+                if *n == 0 {
+                    s.by_tenant.remove(&t);
+                }
+            }
+        }
         drop(s);
         self.gate.freed.notify_waiters();
     }
+}
+
+/// Whose open it is, and how many places that tenant may hold (read again at each try).
+pub struct TenantShare<F: Fn() -> usize> {
+    pub tenant: u32,
+    pub cap: F,
 }
 
 /// Why no place under the cap was given.
@@ -181,6 +212,8 @@ pub enum GateError {
     Full,
     /// No place within the wait.
     Timeout,
+    /// No place within the wait, its tenant holding its share.
+    TenantShare,
 }
 
 impl SessionGate {
@@ -221,6 +254,18 @@ impl SessionGate {
         max_waiting: usize,
         wait: Duration,
     ) -> Result<GatePermit, GateError> {
+        self.enter_as(None::<TenantShare<fn() -> usize>>, cap, max_waiting, wait)
+            .await
+    }
+
+    /// [`SessionGate::enter`] for a tenant, which may hold at most its share of places.
+    pub async fn enter_as<F: Fn() -> usize>(
+        self: &Arc<Self>,
+        share: Option<TenantShare<F>>,
+        cap: impl Fn() -> usize,
+        max_waiting: usize,
+        wait: Duration,
+    ) -> Result<GatePermit, GateError> {
         /// Counts one waiter while it lives.
         struct Waiter<'a>(&'a SessionGate);
         impl Drop for Waiter<'_> {
@@ -231,15 +276,29 @@ impl SessionGate {
         }
         let deadline = tokio::time::Instant::now() + wait;
         let mut waiter = None;
+        let mut held_by_share: bool;
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
             {
                 let mut s = self.lock();
-                if s.open < cap() {
+                let tenant = share.as_ref().map(|t| t.tenant);
+                let tenant_full = share
+                    .as_ref()
+                    .is_some_and(|t| s.by_tenant.get(&t.tenant).copied().unwrap_or(0) >= (t.cap)());
+                let room = s.open < cap();
+                // Said only when the group had a place: then it is the share that holds.
+                held_by_share = tenant_full && room;
+                if room && !tenant_full {
                     s.open += 1;
-                    return Ok(GatePermit { gate: self.clone() });
+                    if let Some(t) = tenant {
+                        *s.by_tenant.entry(t).or_default() += 1;
+                    }
+                    return Ok(GatePermit {
+                        gate: self.clone(),
+                        tenant,
+                    });
                 }
                 if waiter.is_none() {
                     if s.waiting >= max_waiting {
@@ -250,7 +309,11 @@ impl SessionGate {
                 }
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                return Err(GateError::Timeout);
+                return Err(if held_by_share {
+                    GateError::TenantShare
+                } else {
+                    GateError::Timeout
+                });
             }
         }
     }
@@ -287,6 +350,26 @@ mod tests {
         assert!(waiter.await.unwrap());
         // The waiter's permit went with its task: b is left.
         assert_eq!(gate.open(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_tenant_holds_at_most_its_share_and_others_still_get_in() {
+        let gate = Arc::new(SessionGate::default());
+        let share = |tenant| Some(TenantShare { tenant, cap: || 2 });
+        let a1 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
+        let _a2 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
+        // Tenant 1 holds its share: its third waits, and times out naming the share.
+        assert_eq!(
+            gate.enter_as(share(1), || 3, 8, Duration::from_millis(20)).await.err(),
+            Some(GateError::TenantShare)
+        );
+        // The group's last place is another tenant's to take.
+        let _b = gate.enter_as(share(2), || 3, 8, Duration::ZERO).await.unwrap();
+        assert_eq!(gate.open(), 3);
+        // One of tenant 1's ends: tenant 1 may open again (the group has a place).
+        drop(a1);
+        let _a3 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
+        assert_eq!(gate.lock().by_tenant.get(&1), Some(&2));
     }
 
     #[tokio::test]

@@ -91,6 +91,16 @@ impl SlotGroup {
         self.lock().queue.register(conn, tenant);
     }
 
+    /// The tenant of connection `conn` (0 if it never registered).
+    pub fn tenant_of(&self, conn: u64) -> u32 {
+        self.lock().queue.tenant_of(conn)
+    }
+
+    /// Tenants with a connection open now (the sessions' fair share counts them).
+    pub fn active_tenants(&self) -> usize {
+        self.lock().queue.active_tenants()
+    }
+
     /// New wait-queue bounds and caps (SIGHUP).
     pub fn set_limits(self: &Arc<Self>, limits: QueueLimits) {
         let mut g = self.lock();
