@@ -10,9 +10,21 @@ use osprey_protocol::{Column, Value};
 
 use crate::codec::{put_lenenc_bytes, Cursor};
 
-/// Bounds per connection: statements, and the bytes of their texts and long data.
+/// Bounds per connection: statements, and the bytes of their texts and definitions
+/// (parameters' and columns'), and of their long data.
 pub const MAX_STATEMENTS: usize = 1024;
 pub const MAX_TEXT_BYTES: usize = 16 << 20;
+
+/// What a statement costs in memory: its text and its definitions (a join of wide
+/// tables has a thousand columns for a few hundred bytes of text).
+pub fn cost(sql: &str, params: &[Column], columns: &[Column]) -> usize {
+    let defs = |d: &[Column]| -> usize {
+        d.iter()
+            .map(|c| std::mem::size_of::<Column>() + c.name.len() + c.table.len())
+            .sum()
+    };
+    std::mem::size_of::<Prepared>() + sql.len() + defs(params) + defs(columns)
+}
 
 /// One statement a client prepared.
 #[derive(Debug)]
@@ -24,6 +36,8 @@ pub struct Prepared {
     types: Option<Vec<(u8, bool)>>,
     /// `COM_STMT_SEND_LONG_DATA` chunks by parameter, until the next `EXECUTE` or `RESET`.
     long_data: HashMap<u16, Vec<u8>>,
+    /// Its [`cost`].
+    cost: usize,
 }
 
 /// A connection's prepared statements.
@@ -68,14 +82,15 @@ impl StmtError {
 impl Statements {
     /// Keeps a statement; its id.
     pub fn add(&mut self, sql: String, params: Vec<Column>, columns: Vec<Column>) -> Result<u32, StmtError> {
-        if self.map.len() >= MAX_STATEMENTS || self.text_bytes + sql.len() > MAX_TEXT_BYTES {
+        let cost = cost(&sql, &params, &columns);
+        if self.map.len() >= MAX_STATEMENTS || self.text_bytes + cost > MAX_TEXT_BYTES {
             return Err(StmtError::TooMany);
         }
         self.next_id = self.next_id.wrapping_add(1).max(1);
         while self.map.contains_key(&self.next_id) {
             self.next_id = self.next_id.wrapping_add(1).max(1);
         }
-        self.text_bytes += sql.len();
+        self.text_bytes += cost;
         self.map.insert(
             self.next_id,
             Prepared {
@@ -84,6 +99,7 @@ impl Statements {
                 columns,
                 types: None,
                 long_data: HashMap::new(),
+                cost,
             },
         );
         Ok(self.next_id)
@@ -93,9 +109,15 @@ impl Statements {
         self.map.get(&id)
     }
 
+    /// The memory its statements and their long data hold (what the dispatcher charges
+    /// to its global request-byte budget).
+    pub fn bytes(&self) -> usize {
+        self.text_bytes + self.long_bytes
+    }
+
     pub fn close(&mut self, id: u32) {
         if let Some(p) = self.map.remove(&id) {
-            self.text_bytes -= p.sql.len();
+            self.text_bytes -= p.cost;
             self.long_bytes -= p.long_data.values().map(Vec::len).sum::<usize>();
         }
     }
@@ -439,6 +461,29 @@ mod tests {
         assert_eq!(s.add("SELECT x".into(), vec![], vec![]), Err(StmtError::TooMany));
         s.close(1);
         assert!(s.add("SELECT x".into(), vec![], vec![]).is_ok());
+    }
+
+    #[test]
+    fn definitions_count_against_the_bytes_too() {
+        // A short text with a thousand wide columns: its definitions are what costs.
+        let wide: Vec<Column> = (0..1000)
+            .map(|i| Column {
+                name: format!("a_rather_long_column_name_{i}"),
+                table: "a_table_with_a_long_name".into(),
+                ..col(0xFD)
+            })
+            .collect();
+        let mut s = Statements::default();
+        let mut kept = 0;
+        while s.add(format!("SELECT * FROM w{kept}"), vec![], wide.clone()).is_ok() {
+            kept += 1;
+        }
+        assert!(kept < 200, "bounded by bytes, not only by count: {kept}");
+        assert!(s.bytes() <= MAX_TEXT_BYTES, "{}", s.bytes());
+        let before = s.bytes();
+        s.close(1);
+        assert!(s.bytes() < before, "a close gives its bytes back");
+        assert!(s.add("SELECT 1".into(), vec![], wide).is_ok());
     }
 
     #[test]

@@ -257,6 +257,7 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
         row_count: -1,
         last_insert_id: 0,
         stmts: prepared::Statements::default(),
+        stmt_bytes: None,
         blob_params: Vec::new(),
         long_data_error: None,
         login,
@@ -348,6 +349,9 @@ struct Conn {
     last_insert_id: u64,
     /// Its prepared statements.
     stmts: prepared::Statements,
+    /// What they and their long data hold, charged to the dispatcher's request-byte
+    /// budget (`limits.max_request_bytes`) beside every client's waiting REQUESTs.
+    stmt_bytes: Option<OwnedSemaphorePermit>,
     /// The BLOB-typed parameters of the EXECUTE being run.
     blob_params: Vec<u16>,
     /// A `COM_STMT_SEND_LONG_DATA` that failed (it has no answer): the next EXECUTE's.
@@ -420,7 +424,10 @@ impl Conn {
                 continue;
             };
             self.front.m().command(command);
-            if let Err(ended) = self.command(command, body, reader, writer).await {
+            let result = self.command(command, body, reader, writer).await;
+            // What a CLOSE, an EXECUTE or a reset gave back leaves the budget.
+            self.charge(0);
+            if let Err(ended) = result {
                 return ended;
             }
             if let Err(e) = writer.flush().await {
@@ -508,7 +515,14 @@ impl Conn {
             COM_STMT_SEND_LONG_DATA => {
                 // No answer: an error waits for the EXECUTE.
                 let limit = self.ctx.config.limits.max_request_bytes_per_connection;
-                if let Err(e) = self.stmts.long_data(body, limit) {
+                let kept = if self.charge(body.len().saturating_sub(6)) {
+                    self.stmts.long_data(body, limit)
+                } else {
+                    // The dispatcher's budget for all clients is spent: as past this
+                    // connection's own.
+                    Err(prepared::StmtError::LongDataTooLarge)
+                };
+                if let Err(e) = kept {
                     self.long_data_error.get_or_insert(e);
                 }
                 w.seq = 0;
@@ -534,6 +548,29 @@ impl Conn {
                 Ok(())
             }
         }
+    }
+
+    /// Brings the charge for the prepared statements to what they hold plus `extra` about
+    /// to be kept. False: the dispatcher's budget has no room for `extra` (nothing held
+    /// changes then).
+    fn charge(&mut self, extra: usize) -> bool {
+        let want = self.stmts.bytes().saturating_add(extra);
+        let have = self.stmt_bytes.as_ref().map_or(0, |p| p.num_permits());
+        if want > have {
+            let more = u32::try_from(want - have).unwrap_or(u32::MAX);
+            let Ok(p) = self.ctx.request_bytes.clone().try_acquire_many_owned(more) else {
+                return false;
+            };
+            match &mut self.stmt_bytes {
+                Some(held) => held.merge(p),
+                None => self.stmt_bytes = Some(p),
+            }
+        } else if want < have {
+            if let Some(held) = &mut self.stmt_bytes {
+                drop(held.split(have - want));
+            }
+        }
+        true
     }
 
     /// Frames of the session's own stream that came while no statement was running.
@@ -726,6 +763,14 @@ impl Conn {
         let mut sets = sets.into_iter();
         let params = sets.next().unwrap_or_default();
         let columns = sets.next().unwrap_or_default();
+        if !self.charge(prepared::cost(&sql, &params, &columns)) {
+            w.packet(&reply::err(
+                1041,
+                "HY000",
+                "osprey: out of memory for prepared statements (limits.max_request_bytes is spent); try again",
+            ));
+            return Ok(());
+        }
         let id = match self.stmts.add(sql, params, columns) {
             Ok(id) => id,
             Err(e) => {
@@ -755,7 +800,10 @@ impl Conn {
             w.packet(&e.reply());
             return Ok(());
         }
-        match self.stmts.execute(body) {
+        let taken = self.stmts.execute(body);
+        // The long data moves into the REQUEST, which admission charges on its own.
+        self.charge(0);
+        match taken {
             Ok(execute) => {
                 let sql = self.stmts.get(execute.id).map(|p| p.sql.clone()).unwrap_or_default();
                 self.blob_params = execute.blob;

@@ -437,3 +437,46 @@ async fn one_user_cannot_take_every_session_place() {
     let (x,): (i64,) = a1.query_first("SELECT @x").await.unwrap().unwrap();
     assert_eq!(x, 1, "the first pinned connection goes on");
 }
+
+/// Long data waiting for its EXECUTE counts against the dispatcher's request-byte budget
+/// for all clients (`limits.max_request_bytes`), not only its connection's: past it,
+/// the EXECUTE gets ERROR 1153 and the dispatcher holds no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_data_counts_against_the_dispatchers_byte_budget() {
+    let rig = Rig::start("[limits]\nmax_request_bytes = 4194304\nmax_request_bytes_per_connection = 4194304\n").await;
+    async fn prepared(rig: &Rig) -> (TcpStream, [u8; 4]) {
+        let mut s = logged_in(rig).await;
+        s.write_all(&packet(0, b"\x16SELECT LENGTH(?)")).await.unwrap();
+        let ok = read_packet(&mut s).await.expect("PREPARE_OK");
+        assert_eq!(ok[0], 0, "{ok:?}");
+        // A parameter and its EOF, a column and its EOF.
+        for _ in 0..4 {
+            read_packet(&mut s).await.expect("a definition");
+        }
+        (s, ok[1..5].try_into().unwrap())
+    }
+    let (mut a, id_a) = prepared(&rig).await;
+    let (mut b, id_b) = prepared(&rig).await;
+    let long = |id: [u8; 4]| {
+        let mut p = vec![0x18];
+        p.extend_from_slice(&id);
+        p.extend_from_slice(&[0, 0]);
+        p.extend(std::iter::repeat_n(b'x', 3 << 20));
+        packet(0, &p)
+    };
+    let execute = |id: [u8; 4]| {
+        let mut p = vec![0x17];
+        p.extend_from_slice(&id);
+        p.extend_from_slice(&[0, 1, 0, 0, 0, 0, 1, 0xFC, 0]);
+        packet(0, &p)
+    };
+    a.write_all(&long(id_a)).await.unwrap();
+    b.write_all(&long(id_b)).await.unwrap();
+    // Both sent before either runs: 6 MiB waiting, the budget is 4.
+    a.write_all(&execute(id_a)).await.unwrap();
+    let first = read_packet(&mut a).await.expect("a result");
+    assert_eq!(first, vec![1], "the first fits: one column");
+    b.write_all(&execute(id_b)).await.unwrap();
+    let refused = read_packet(&mut b).await.expect("an answer");
+    assert_eq!(err_code(&refused), 1153, "{}", String::from_utf8_lossy(&refused));
+}
