@@ -5,6 +5,7 @@
 
 mod cli;
 mod drivers;
+mod failover;
 mod faults;
 mod more_drivers;
 mod sysbench;
