@@ -9,7 +9,7 @@
 pub mod slots;
 pub mod status;
 
-pub use slots::{GroupRole, PoolView, SessionView, SlotState, SlotView};
+pub use slots::{GroupRole, PoolView, SessionClient, SessionView, SlotState, SlotView};
 pub use status::{Clients, ClusterStatus, ClusterSummary, Fds, Status, Streams};
 
 #[cfg(test)]

@@ -126,4 +126,28 @@ pub struct SessionView {
     pub in_transaction: bool,
     /// How long the open transaction has been open (0: none is).
     pub transaction_ms: u64,
+    /// Who holds it (absent from a dispatcher that does not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<SessionClient>,
+}
+
+/// The client connection that holds a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionClient {
+    /// `sdk` or `mysql`.
+    pub protocol: String,
+    /// The MySQL user, or the SDK client's token index and name.
+    pub user: String,
+    /// Its address, `ip:port`.
+    #[serde(default)]
+    pub peer: Option<String>,
+    /// MySQL connection attributes (`_client_name`, `program_name`, …) as name, value.
+    #[serde(default)]
+    pub attrs: Vec<(String, String)>,
+    /// Why a MySQL client stays pinned beyond its transaction (a user variable, a
+    /// temporary table, …), as `osprey_mysql_pinned_total` counts it.
+    #[serde(default)]
+    pub pinned_by: Option<String>,
+    /// How long the connection has been open, ms.
+    pub connected_ms: u64,
 }

@@ -37,8 +37,14 @@ pub struct Fds {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Clients {
+    /// SDK connections.
     pub connections: i64,
     pub open_streams: i64,
+    /// MySQL protocol connections (logged in), and of those pinned to a session now.
+    #[serde(default)]
+    pub mysql_connections: i64,
+    #[serde(default)]
+    pub mysql_pinned: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

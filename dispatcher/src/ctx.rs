@@ -16,6 +16,8 @@ use crate::pool::SlotGroup;
 use crate::secrets::constant_time_eq;
 
 pub struct Ctx {
+    /// Who is connected (the operators' views).
+    pub clients: Arc<crate::request::clients::Directory>,
     pub config: Config,
     /// The first cluster's write slots (the default of a REQUEST without `cluster`).
     pub pool: Arc<SlotGroup>,
@@ -85,6 +87,7 @@ impl Ctx {
             abort.clone(),
         ));
         Ctx {
+            clients: Arc::default(),
             workers,
             handshakes,
             request_bytes,

@@ -32,7 +32,7 @@ use axum::{Json, Router};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use osprey_admin_api::SessionView;
+use osprey_admin_api::{SessionClient, SessionView};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -171,6 +171,14 @@ async fn sessions(State(state): State<AdminState>) -> Json<Vec<SessionView>> {
                 age_ms: s.opened.elapsed().as_millis() as u64,
                 in_transaction: s.in_transaction(),
                 transaction_ms: s.transaction_age().map_or(0, |d| d.as_millis() as u64),
+                client: state.ctx.clients.get(s.conn).map(|c| SessionClient {
+                    protocol: c.protocol.to_string(),
+                    user: c.user.clone(),
+                    peer: c.peer.map(|p| p.to_string()),
+                    attrs: c.attrs.clone(),
+                    pinned_by: c.pinned_by().map(str::to_string),
+                    connected_ms: c.since.elapsed().as_millis() as u64,
+                }),
             })
         })
         .collect();

@@ -72,6 +72,13 @@ pub fn status_of(ctx: &Ctx, budget: &FdBudget) -> Status {
         clients: Clients {
             connections: ctx.metrics.client_connections.get(),
             open_streams: ctx.metrics.streams_open.get(),
+            mysql_connections: ctx.clients.count("mysql") as i64,
+            mysql_pinned: ctx
+                .groups
+                .iter()
+                .flat_map(|g| g.sessions.sessions())
+                .filter(|s| ctx.clients.get(s.conn).is_some_and(|c| c.protocol == "mysql"))
+                .count() as i64,
         },
         streams: Streams {
             opened: ctx.metrics.streams_opened.get(),

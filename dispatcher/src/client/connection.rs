@@ -22,6 +22,7 @@ use crate::admit::admit;
 use crate::admit::session::Sessions;
 use crate::client::tls::{ClientRead, ClientWrite, Progress, ServerTls};
 use crate::ctx::Ctx;
+use crate::request::clients::ClientInfo;
 use crate::request::streams::{outbox, ClientShared, Inbox};
 
 type Reader = FramedRead<ClientRead, FrameCodec>;
@@ -153,8 +154,13 @@ pub async fn serve(ctx: Arc<Ctx>, socket: TcpStream, tls: Option<Arc<ServerTls>>
             )),
         };
         match shaken {
-            Ok((name, window)) => {
+            Ok((name, window, tenant)) => {
                 debug!(?name, window, "client connected");
+                let user = match &name {
+                    Some(n) => format!("client_tokens[{tenant}] ({n})"),
+                    None => format!("client_tokens[{tenant}]"),
+                };
+                let _registered = ctx.clients.register(id, ClientInfo::new("sdk", user, peer, &[]));
                 reader.decoder_mut().set_max_payload(ctx.config.limits.max_payload);
                 settle_read_buffer(reader.read_buffer_mut());
                 writer.set_backpressure_boundary(WRITE_BACKPRESSURE);
@@ -179,7 +185,8 @@ fn protocol_error(e: &ProtocolError) -> ErrorBody {
     conn_error(e.code(), e.to_string())
 }
 
-/// Ok: the client's name and the per-stream window agreed (0 = no flow control).
+/// Ok: the client's name, the per-stream window agreed (0 = no flow control) and its
+/// token's index (its tenant).
 /// The whole exchange, HELLO_ACK included, is bounded by `limit`.
 async fn handshake(
     ctx: &Ctx,
@@ -187,7 +194,7 @@ async fn handshake(
     limit: Duration,
     reader: &mut Reader,
     writer: &mut Writer,
-) -> Result<(Option<String>, u32), ErrorBody> {
+) -> Result<(Option<String>, u32, u32), ErrorBody> {
     let deadline = Instant::now() + limit;
     let missed = || conn_error(ErrorCode::KeepaliveTimeout, "no HELLO within the handshake timeout");
     let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
@@ -251,7 +258,7 @@ async fn handshake(
     for group in &ctx.groups {
         group.open_conn(id, tenant);
     }
-    Ok((hello.name, window))
+    Ok((hello.name, window, tenant))
 }
 
 async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: Writer) {

@@ -37,6 +37,7 @@ use crate::admit::admit;
 use crate::admit::session::Sessions;
 use crate::client::tls::{ClientRead, ClientWrite};
 use crate::ctx::Ctx;
+use crate::request::clients::{ClientInfo, Registration};
 use crate::request::streams::{outbox, ClientShared, Inbox};
 
 const COM_QUIT: u8 = 0x01;
@@ -233,7 +234,12 @@ async fn serve_inner(ctx: &Arc<Ctx>, front: &Arc<Front>, socket: TcpStream, peer
     for group in &ctx.groups {
         group.open_conn(id, tenant);
     }
+    let registered = ctx.clients.register(
+        id,
+        ClientInfo::new("mysql", login.name.clone(), Some(peer), &login.attrs),
+    );
     let mut conn = Conn {
+        registered,
         ctx: ctx.clone(),
         front: front.clone(),
         state: ClientState::new(login.schema.clone(), login.collation),
@@ -307,6 +313,8 @@ enum Ended {
 
 struct Conn {
     ctx: Arc<Ctx>,
+    /// Its entry in the operators' directory of clients.
+    registered: Registration,
     front: Arc<Front>,
     login: Login,
     /// The greeting's scramble (COM_CHANGE_USER answers it again).
@@ -488,6 +496,7 @@ impl Conn {
                 self.end_session();
                 self.state = self.login_state.clone();
                 self.sticky = None;
+                self.registered.info.set_pinned_by(None);
                 self.stmts = prepared::Statements::default();
                 self.long_data_error = None;
                 self.row_count = -1;
@@ -679,6 +688,7 @@ impl Conn {
                 self.front.m().pinned(reason);
             }
             self.sticky.get_or_insert(reason);
+            self.registered.info.set_pinned_by(self.sticky);
         }
         let mut request = self.request(sql.to_string());
         // A read among writes: the classifier sees one statement.
@@ -701,6 +711,7 @@ impl Conn {
                 self.front.m().pinned(reason);
             }
             self.sticky.get_or_insert(reason);
+            self.registered.info.set_pinned_by(self.sticky);
         }
         Ok(())
     }
@@ -1190,6 +1201,10 @@ impl Conn {
         self.last_insert_id = 0;
         self.last_gtid = None;
         self.cluster = user.cluster.clone();
+        self.registered = self.ctx.clients.register(
+            self.shared.id,
+            ClientInfo::new("mysql", c.user.clone(), Some(self.peer), &self.registered.info.attrs),
+        );
         self.login.user = index;
         self.login.name = c.user;
         let tenant = (self.ctx.client_tokens.len() + index) as u32;

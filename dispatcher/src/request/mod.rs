@@ -3,6 +3,7 @@
 //! Neutral ground: the client front end creates them, the pool and the relay carry them,
 //! and neither imports the other for it.
 
+pub mod clients;
 pub mod job;
 pub mod session;
 pub mod streams;

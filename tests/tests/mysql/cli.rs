@@ -270,3 +270,33 @@ async fn tls_by_sslrequest_and_require_secure_transport() {
     let plain = run("mariadb", args, None).await;
     assert!(text(&plain.stderr).contains("ERROR 3159"), "{}", text(&plain.stderr));
 }
+
+/// `GET /sessions` names the MySQL client that holds each session: its user, address,
+/// why it is pinned and the connection attributes its library sent (the mariadb
+/// client's `_client_name` and `program_name`, which it gives as `mysql`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_list_names_the_mysql_client() {
+    let rig = Rig::start("").await;
+    let mut args = rig.osprey_args();
+    args.extend(["-e".into(), "SET @x = 1; SELECT SLEEP(4)".into()]);
+    let client = tokio::spawn(run("mariadb", args, None));
+    let sessions = osprey_tests::harness::wait_for(std::time::Duration::from_secs(3), "the CLI's session", || async {
+        let s = rig.cluster.dispatcher.admin_get("/sessions").await.ok()?;
+        (s.as_array()?.len() == 1).then_some(s)
+    })
+    .await
+    .unwrap();
+    let c = &sessions[0]["client"];
+    assert_eq!(
+        (c["protocol"].as_str(), c["user"].as_str()),
+        (Some("mysql"), Some(crate::USER))
+    );
+    assert_eq!(c["pinned_by"], "user_variable", "{sessions}");
+    let attrs = c["attrs"].as_array().cloned().unwrap_or_default();
+    let attr = |k: &str| attrs.iter().find(|a| a[0] == k).map(|a| a[1].clone());
+    assert_eq!(attr("_client_name"), Some("libmariadb".into()), "{sessions}");
+    assert_eq!(attr("program_name"), Some("mysql".into()), "{sessions}");
+    let status = rig.cluster.dispatcher.status().await.unwrap();
+    assert_eq!(status["clients"]["mysql_pinned"], 1, "{status}");
+    assert!(client.await.unwrap().status.success());
+}

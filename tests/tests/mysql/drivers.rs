@@ -343,6 +343,15 @@ async fn change_user_checks_the_new_user_and_starts_afresh() {
     a.query_drop("SET @x = 41").await.unwrap();
     let s = rig.cluster.dispatcher.admin_get("/sessions").await.unwrap();
     assert_eq!(s.as_array().map(Vec::len), Some(1), "a user variable pins: {s}");
+    // The operators see who holds it, and why (mysql_async sends no connection
+    // attributes: the CLI test sees the mariadb client's).
+    let client = &s[0]["client"];
+    assert_eq!(client["protocol"], "mysql", "{s}");
+    assert_eq!(client["user"], crate::USER, "{s}");
+    assert_eq!(client["pinned_by"], "user_variable", "{s}");
+    let status = rig.cluster.dispatcher.status().await.unwrap();
+    assert_eq!(status["clients"]["mysql_connections"], 1, "{status}");
+    assert_eq!(status["clients"]["mysql_pinned"], 1, "{status}");
     // No database named: the new user's configured one applies.
     let opts = mysql_async::ChangeUserOpts::default()
         .with_user(Some("other".into()))

@@ -42,8 +42,8 @@ pub fn render_status(st: &Status) -> String {
         longest as f64 / 1000.0
     ));
     out.push_str(&format!(
-        "clients: {} connections, {} open streams\n",
-        st.clients.connections, st.clients.open_streams
+        "clients: {} connections, {} open streams; MySQL: {} connections, {} pinned to a session\n",
+        st.clients.connections, st.clients.open_streams, st.clients.mysql_connections, st.clients.mysql_pinned
     ));
     out.push_str(&format!(
         "streams: {} opened, {} closed\n",
@@ -111,7 +111,7 @@ mod tests {
 pool: size 2 | idle 1 | busy 0 | starting 1 | quitting 0
 queue: 0/1024 from 0 connections (0 at their worker cap) | respawns 0 | recycles 0 | fatal exits 0
 sessions: 0 pinned (at most 0), 0 in a transaction, longest transaction 0.0s
-clients: 1 connections, 0 open streams
+clients: 1 connections, 0 open streams; MySQL: 0 connections, 0 pinned to a session
 streams: 10 opened, 10 closed
 
 slot | pid  | state    | requests | age  | backend | db conn | pipeline
