@@ -480,3 +480,73 @@ async fn long_data_counts_against_the_dispatchers_byte_budget() {
     let refused = read_packet(&mut b).await.expect("an answer");
     assert_eq!(err_code(&refused), 1153, "{}", String::from_utf8_lossy(&refused));
 }
+
+/// 10 000 idle MySQL connections, logged in: each costs the dispatcher bounded memory;
+/// one over `mysql.max_connections` gets ERROR 1040 at once; meanwhile an SDK client, a
+/// new MySQL login and the admin port are served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_idle_connections_cost_bounded_memory_and_disturb_nothing() {
+    const N: usize = 10_000;
+    // The test holds N sockets, the dispatcher N more: each process needs its own room.
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write a struct we own.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    lim.rlim_cur = lim.rlim_max;
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    assert!(
+        lim.rlim_cur >= (N + 2_000) as u64,
+        "RLIMIT_NOFILE {} is below what {N} connections need",
+        lim.rlim_cur
+    );
+    let rig = Rig::start_with(&format!("max_connections = {N}"), "").await;
+    let d = &rig.cluster.dispatcher;
+    let before = osprey_tests::harness::rss_kib(d.pid()).unwrap();
+    let started = std::time::Instant::now();
+    let mut open = Vec::with_capacity(N);
+    let mut batch = tokio::task::JoinSet::new();
+    let rig_ref = std::sync::Arc::new(rig);
+    while open.len() < N {
+        // At most 64 logins in progress (an address's share of the port's is 128).
+        while batch.len() < 64 && open.len() + batch.len() < N {
+            let r = rig_ref.clone();
+            batch.spawn(async move { logged_in(&r).await });
+        }
+        open.push(batch.join_next().await.unwrap().unwrap());
+    }
+    let login_time = started.elapsed();
+    let rig = &*rig_ref;
+    let d = &rig.cluster.dispatcher;
+    // One more: the cap says so at once.
+    let mut over = TcpStream::connect(rig.mysql).await.unwrap();
+    let refused = read_packet(&mut over).await.expect("an answer");
+    assert_eq!(err_code(&refused), 1040, "{}", String::from_utf8_lossy(&refused));
+    // Everyone else is served at once.
+    let t = std::time::Instant::now();
+    let sdk = d.client().await.unwrap();
+    sdk.query("SELECT 1", &[]).await.unwrap();
+    let status = d.status().await.unwrap();
+    assert_eq!(status["clients"]["mysql_connections"], N, "{}", status["clients"]);
+    assert!(t.elapsed() < Duration::from_secs(2), "served in {:?}", t.elapsed());
+    // An idle one still answers.
+    open[0].write_all(&packet(0, b"\x0e")).await.unwrap(); // COM_PING
+    assert_eq!(read_packet(&mut open[0]).await.expect("OK")[0], 0);
+    let after = osprey_tests::harness::rss_kib(d.pid()).unwrap();
+    let per_conn = (after.saturating_sub(before) * 1024) / N as u64;
+    println!(
+        "{N} idle MySQL connections: logged in in {login_time:?}; dispatcher RSS {before} KiB -> {after} KiB, \
+         {per_conn} bytes per connection"
+    );
+    // Measured: ~11 KB (a socket's buffers, the connection's state and task).
+    assert!(per_conn < 32 * 1024, "{per_conn} bytes per idle connection");
+    drop(open);
+    // They all leave.
+    osprey_tests::harness::wait_for(Duration::from_secs(20), "the connections to close", || async {
+        let s = d.status().await.ok()?;
+        (s["clients"]["mysql_connections"] == 0).then_some(())
+    })
+    .await
+    .unwrap();
+}
