@@ -550,3 +550,56 @@ async fn ten_thousand_idle_connections_cost_bounded_memory_and_disturb_nothing()
     .await
     .unwrap();
 }
+
+/// A MySQL client that asks for a large result and stops reading: the dispatcher holds a
+/// bounded part of it (the client's write queue), cuts the client off after
+/// `limits.client_write_timeout_ms` and frees the worker, which goes on serving; other
+/// clients are served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_a_large_result_is_cut_off_and_frees_its_worker() {
+    let rig = Rig::start("[limits]\nclient_write_timeout_ms = 1500\n").await;
+    let d = &rig.cluster.dispatcher;
+    let before = osprey_tests::harness::rss_kib(d.pid()).unwrap();
+    let mut s = logged_in(&rig).await;
+    // ~200 MB of rows, never read.
+    s.write_all(&packet(
+        0,
+        b"\x03SELECT REPEAT('x', 2000) AS pad FROM seq_1_to_100000",
+    ))
+    .await
+    .unwrap();
+    // Meanwhile, others are served.
+    let mut other = rig.conn().await;
+    for _ in 0..5 {
+        let (one,): (i64,) = other.query_first("SELECT 1").await.unwrap().unwrap();
+        assert_eq!(one, 1);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = osprey_tests::harness::rss_kib(d.pid()).unwrap();
+    // Cut off: the socket is closed by the dispatcher within the timeout (and a margin).
+    let t = std::time::Instant::now();
+    osprey_tests::harness::wait_for(Duration::from_secs(10), "the stalled client cut off", || async {
+        let st = d.status().await.ok()?;
+        (st["clients"]["mysql_connections"] == 1).then_some(())
+    })
+    .await
+    .unwrap();
+    println!(
+        "stalled after {:?}; dispatcher RSS {before} KiB, {during} KiB while it held the result",
+        t.elapsed()
+    );
+    assert!(during < before + 64 * 1024, "bounded: {before} -> {during} KiB");
+    // Every worker serves again: four statements at once all run.
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        conns.push(rig.conn().await);
+    }
+    let runs = conns
+        .iter_mut()
+        .map(|c| c.query_first::<(i64,), _>("SELECT SLEEP(0.2) + 1"));
+    let t = std::time::Instant::now();
+    for r in futures::future::join_all(runs).await {
+        assert_eq!(r.unwrap(), Some((1,)));
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
