@@ -8,17 +8,22 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-/// Names of the two series in [`Metrics::traffic`]'s own registry.
+/// Names of the series in [`Metrics::traffic`]'s own registry.
 const TRAFFIC_REQUESTS: &str = "requests";
 const TRAFFIC_LATENCY: &str = "latency";
+const TRAFFIC_GROUP_REQUESTS: &str = "group_requests";
+const TRAFFIC_GROUP_LATENCY: &str = "group_latency";
 
-/// [`Metrics::traffic`]: requests by outcome and the latency histogram, cumulative.
+/// [`Metrics::traffic`]: requests by outcome and the latency histogram, cumulative; the
+/// same per slot group.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrafficCounts {
     /// `(outcome, requests)`.
     pub outcomes: Vec<(String, u64)>,
     /// `(upper bound in seconds, requests at or under it)`, ascending, `+Inf` last.
     pub latency: Vec<(f64, u64)>,
+    /// Per slot group (cluster, role, member): its outcomes and latency, as above.
+    pub groups: std::collections::BTreeMap<(String, String, String), TrafficCounts>,
 }
 
 impl TrafficCounts {
@@ -37,7 +42,16 @@ impl TrafficCounts {
                 let len = series[start..].find('"')?;
                 Some(series[start..start + len].to_owned())
             };
-            if series.starts_with(&format!("{TRAFFIC_REQUESTS}_total{{")) {
+            let group = || Some((label("cluster")?, label("role")?, label("member")?));
+            if series.starts_with(&format!("{TRAFFIC_GROUP_REQUESTS}_total{{")) {
+                if let (Some(g), Some(outcome)) = (group(), label("outcome")) {
+                    out.groups.entry(g).or_default().outcomes.push((outcome, value as u64));
+                }
+            } else if series.starts_with(&format!("{TRAFFIC_GROUP_LATENCY}_bucket{{")) {
+                if let (Some(g), Some(le)) = (group(), label("le").and_then(|le| le.parse::<f64>().ok())) {
+                    out.groups.entry(g).or_default().latency.push((le, value as u64));
+                }
+            } else if series.starts_with(&format!("{TRAFFIC_REQUESTS}_total{{")) {
                 if let Some(outcome) = label("outcome") {
                     out.outcomes.push((outcome, value as u64));
                 }
@@ -49,7 +63,69 @@ impl TrafficCounts {
         }
         out.outcomes.sort();
         out.latency.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for g in out.groups.values_mut() {
+            g.outcomes.sort();
+            g.latency.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
         out
+    }
+}
+
+/// A slot group's requests by outcome (`osprey_group_requests_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupOutcomeLabel {
+    pub cluster: String,
+    pub role: &'static str,
+    pub member: String,
+    pub outcome: &'static str,
+}
+
+/// 50 µs .. ~52 s: the request latency buckets, overall and per group.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 21))
+}
+
+/// One worker's share of its group's traffic series, looked up once (a worker serves one
+/// member in one role all its life): what the relay counts at each request's end.
+#[derive(Clone)]
+pub struct GroupTraffic {
+    outcomes: [(&'static str, Counter); 4],
+    latency: Histogram,
+}
+
+impl GroupTraffic {
+    pub fn of(metrics: &Metrics, cluster: &str, role: &'static str, member: &str) -> GroupTraffic {
+        let counter = |outcome| {
+            let label = GroupOutcomeLabel {
+                cluster: cluster.to_owned(),
+                role,
+                member: member.to_owned(),
+                outcome,
+            };
+            (outcome, metrics.group_requests.get_or_create(&label).clone())
+        };
+        let label = GroupLabel {
+            cluster: cluster.to_owned(),
+            role,
+            member: member.to_owned(),
+        };
+        GroupTraffic {
+            outcomes: [
+                counter("ok"),
+                counter("error"),
+                counter("cancelled"),
+                counter("slow_consumer"),
+            ],
+            latency: metrics.group_latency.get_or_create(&label).clone(),
+        }
+    }
+
+    /// A request ended with `outcome` (one of the four above) after `seconds`.
+    pub fn ended(&self, outcome: &'static str, seconds: f64) {
+        if let Some((_, c)) = self.outcomes.iter().find(|(o, _)| *o == outcome) {
+            c.inc();
+        }
+        self.latency.observe(seconds);
     }
 }
 
@@ -140,6 +216,9 @@ pub struct Metrics {
     pub group_primary: Family<MemberLabel, Gauge>,
     pub requests: Family<OutcomeLabel, Counter>,
     pub latency: Histogram,
+    /// The same per slot group (cluster, role, member): where requests went.
+    pub group_requests: Family<GroupOutcomeLabel, Counter>,
+    pub group_latency: Family<GroupLabel, Histogram, fn() -> Histogram>,
     pub queue_wait: Histogram,
     pub queue_depth: Gauge,
     /// Per slot group, how long the request that has waited longest for a worker has
@@ -475,8 +554,9 @@ impl Metrics {
         let (galera_writer, group_primary) = register_writer_gauges(&mut registry);
         let reads = register_read_metrics(&mut registry);
         let requests = Family::<OutcomeLabel, Counter>::default();
-        // 50 µs .. ~52 s.
-        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 21));
+        let latency = latency_histogram();
+        let group_requests = Family::<GroupOutcomeLabel, Counter>::default();
+        let group_latency = Family::<GroupLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         let queue_wait = Histogram::new(exponential_buckets(0.000_01, 2.0, 21));
         let queue_depth = Gauge::default();
         let queue_longest_wait = Family::<GroupLabel, Gauge<f64, AtomicU64>>::default();
@@ -506,6 +586,16 @@ impl Metrics {
             "request_duration_seconds",
             "Request latency from REQUEST to END",
             latency.clone(),
+        );
+        registry.register(
+            "group_requests",
+            "Requests by the slot group that served them (cluster, role write/read, member) and outcome (ok, error, cancelled, slow_consumer)",
+            group_requests.clone(),
+        );
+        registry.register(
+            "group_request_duration_seconds",
+            "Request latency from REQUEST to END, by the slot group that served it",
+            group_latency.clone(),
         );
         registry.register(
             "queue_wait_seconds",
@@ -645,6 +735,8 @@ impl Metrics {
         let mut traffic = Registry::default();
         traffic.register(TRAFFIC_REQUESTS, "", requests.clone());
         traffic.register(TRAFFIC_LATENCY, "", latency.clone());
+        traffic.register(TRAFFIC_GROUP_REQUESTS, "", group_requests.clone());
+        traffic.register(TRAFFIC_GROUP_LATENCY, "", group_latency.clone());
         Metrics {
             registry,
             scrape: std::sync::Mutex::new(()),
@@ -660,6 +752,8 @@ impl Metrics {
             semi_sync,
             requests,
             latency,
+            group_requests,
+            group_latency,
             queue_wait,
             queue_depth,
             queue_longest_wait,

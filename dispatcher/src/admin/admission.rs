@@ -15,9 +15,10 @@
 //!
 //! A live feed (`/ui/events`, the operations page) presents the token too but never ends:
 //! sixteen open tabs would hold an address's share for good and lock its operator's
-//! `osprey status` out. A feed is therefore not trusted: a newcomer whose request has come
-//! takes the place of the oldest feed (after any silent or partial connection), and the
-//! page's `EventSource` reconnects on its own.
+//! `osprey status` out. A feed is therefore not trusted: any newcomer may take the place of
+//! the oldest feed, after the connections it may evict anyway (a newcomer whose bytes were
+//! not there yet at accept is not always silent: an operator's request under load can be
+//! late by a few microseconds), and the page's `EventSource` reconnects on its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -31,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 /// How far a connection has got: it only moves up.
 const SILENT: u8 = 0;
 const SENT: u8 = 1;
-/// Serving a live feed (with the token): evictable by a newcomer that has sent.
+/// Serving a live feed (with the token): evictable by any newcomer, last.
 const FEED: u8 = 2;
 const TRUSTED: u8 = 3;
 
@@ -57,8 +58,7 @@ impl Standing {
     }
 
     /// The connection now serves a live feed, which never ends: it gives its place to a
-    /// newcomer whose request has come (even if it was trusted before: the feed holds
-    /// it from now on).
+    /// newcomer (even if it was trusted before: the feed holds it from now on).
     pub fn feed(&self) {
         self.0.store(FEED, Ordering::Relaxed);
     }
@@ -227,8 +227,7 @@ fn victim(inner: &Inner, scope: Option<IpAddr>, up_to: u8) -> Victim {
             continue;
         }
         let rank = e.standing.rank();
-        let feed_gives_way = rank == FEED && up_to >= SENT;
-        if rank == TRUSTED || (rank > up_to && !feed_gives_way) {
+        if rank == TRUSTED || (rank > up_to && rank != FEED) {
             continue;
         }
         if e.evict.is_cancelled() {
@@ -318,24 +317,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_feed_gives_way_to_a_request_but_not_to_silence() {
-        let a = Admission::new(2, 2);
+    async fn a_feed_gives_way_to_any_newcomer_but_last() {
+        let a = Admission::new(3, 3);
         let feed1 = held(&a, ip(1), true).await;
         feed1.standing.trust();
         feed1.standing.feed();
         let feed2 = held(&a, ip(1), true).await;
         feed2.standing.feed();
-        // Silence cannot push a feed out.
-        assert!(matches!(a.admit(ip(1), false).await, Admitted::Full));
-        let (ev1, ev2) = (feed1.evicted.clone(), feed2.evicted.clone());
+        let partial = held(&a, ip(1), true).await;
+        let (ev1, ev2, evp) = (feed1.evicted.clone(), feed2.evicted.clone(), partial.evicted.clone());
         close_when_evicted(feed1);
         close_when_evicted(feed2);
-        // A request (an operator's `osprey status`) takes the oldest feed's place.
+        close_when_evicted(partial);
+        // A request (an operator's `osprey status`): the partial one goes first.
         let op = held(&a, ip(1), true).await;
-        assert!(ev1.is_cancelled() && !ev2.is_cancelled());
+        assert!(evp.is_cancelled() && !ev1.is_cancelled());
         op.standing.trust();
-        let _op2 = held(&a, ip(1), true).await;
-        assert!(ev2.is_cancelled(), "then the next feed");
+        // One whose bytes were not there yet at accept: it may not evict a request on its
+        // way, but it takes the oldest feed's place.
+        let _late = held(&a, ip(1), false).await;
+        assert!(ev1.is_cancelled() && !ev2.is_cancelled());
         assert!(!op.evicted.is_cancelled());
     }
 

@@ -232,39 +232,68 @@ struct TrafficMeter {
 
 impl TrafficMeter {
     /// The totals now, and since the last reading: requests/s, failed requests/s by
-    /// outcome, p50 and p99 latency (ms). The first reading has no rates (`null`).
+    /// outcome, p50 and p99 latency (ms); the same for each slot group that served any
+    /// (`groups`: cluster, role, member). The first reading has no rates (`null`).
     fn read(&mut self, metrics: &Metrics, now: Instant) -> Value {
         let counts = metrics.traffic();
-        let total = |c: &TrafficCounts| c.outcomes.iter().map(|(_, n)| n).sum::<u64>();
-        let failed = |c: &TrafficCounts| -> u64 { c.outcomes.iter().filter(|(o, _)| o != "ok").map(|(_, n)| n).sum() };
-        let mut out = json!({
-            "requests": total(&counts),
-            "failed": failed(&counts),
-            "rps": null, "eps": null, "errors": {}, "p50_ms": null, "p99_ms": null,
-        });
-        if let Some((then, before)) = &self.last {
-            let secs = now.duration_since(*then).as_secs_f64().max(0.001);
-            let rate = |n: u64| (n as f64 / secs * 100.0).round() / 100.0;
-            out["rps"] = rate(total(&counts).saturating_sub(total(before))).into();
-            out["eps"] = rate(failed(&counts).saturating_sub(failed(before))).into();
-            let mut errors = serde_json::Map::new();
-            for (outcome, n) in counts.outcomes.iter().filter(|(o, _)| o != "ok") {
-                let was = before
-                    .outcomes
-                    .iter()
-                    .find(|(o, _)| o == outcome)
-                    .map_or(0, |(_, n)| *n);
-                if *n > was {
-                    errors.insert(outcome.clone(), rate(n - was).into());
-                }
-            }
-            out["errors"] = errors.into();
-            out["p50_ms"] = quantile_ms(&before.latency, &counts.latency, 0.50).into();
-            out["p99_ms"] = quantile_ms(&before.latency, &counts.latency, 0.99).into();
-        }
+        let last = self.last.as_ref();
+        let secs = last.map(|(then, _)| now.duration_since(*then).as_secs_f64().max(0.001));
+        let mut out = rates(&counts, last.map(|(_, b)| b), secs);
+        let groups: Vec<Value> = counts
+            .groups
+            .iter()
+            .map(|((cluster, role, member), g)| {
+                let before = last.and_then(|(_, b)| b.groups.get(&(cluster.clone(), role.clone(), member.clone())));
+                let mut v = rates(g, before.or(last.map(|_| &EMPTY)), secs);
+                v["cluster"] = cluster.clone().into();
+                v["role"] = role.clone().into();
+                v["member"] = member.clone().into();
+                v
+            })
+            .collect();
+        out["groups"] = groups.into();
         self.last = Some((now, counts));
         out
     }
+}
+
+/// A group first seen in this reading counted from nothing.
+static EMPTY: TrafficCounts = TrafficCounts {
+    outcomes: Vec::new(),
+    latency: Vec::new(),
+    groups: std::collections::BTreeMap::new(),
+};
+
+/// Totals of `counts`, and with the reading `before` (taken `secs` earlier) the rates.
+fn rates(counts: &TrafficCounts, before: Option<&TrafficCounts>, secs: Option<f64>) -> Value {
+    let total = |c: &TrafficCounts| c.outcomes.iter().map(|(_, n)| n).sum::<u64>();
+    let failed = |c: &TrafficCounts| -> u64 { c.outcomes.iter().filter(|(o, _)| o != "ok").map(|(_, n)| n).sum() };
+    let mut out = json!({
+        "requests": total(counts),
+        "failed": failed(counts),
+        "rps": null, "eps": null, "errors": {}, "p50_ms": null, "p99_ms": null,
+    });
+    let (Some(before), Some(secs)) = (before, secs) else {
+        return out;
+    };
+    let rate = |n: u64| (n as f64 / secs * 100.0).round() / 100.0;
+    out["rps"] = rate(total(counts).saturating_sub(total(before))).into();
+    out["eps"] = rate(failed(counts).saturating_sub(failed(before))).into();
+    let mut errors = serde_json::Map::new();
+    for (outcome, n) in counts.outcomes.iter().filter(|(o, _)| o != "ok") {
+        let was = before
+            .outcomes
+            .iter()
+            .find(|(o, _)| o == outcome)
+            .map_or(0, |(_, n)| *n);
+        if *n > was {
+            errors.insert(outcome.clone(), rate(n - was).into());
+        }
+    }
+    out["errors"] = errors.into();
+    out["p50_ms"] = quantile_ms(&before.latency, &counts.latency, 0.50).into();
+    out["p99_ms"] = quantile_ms(&before.latency, &counts.latency, 0.99).into();
+    out
 }
 
 /// The `q` quantile (ms) of the requests that ended between two readings of the latency

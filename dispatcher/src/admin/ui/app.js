@@ -70,7 +70,7 @@ document.addEventListener("DOMContentLoaded", () => {
 function clearData() {
   page.last = null;
   page.history = [];
-  for (const id of ["clusters", "traffic-now", "chart-rate", "chart-latency", "traffic-errors", "groups", "blocked", "top", "throttle", "slowlog", "timeline"]) {
+  for (const id of ["clusters", "traffic-now", "chart-rate", "chart-latency", "traffic-errors", "traffic-groups", "groups", "blocked", "top", "throttle", "slowlog", "timeline"]) {
     $(id).replaceChildren();
   }
 }
@@ -317,6 +317,14 @@ function renderTraffic(s) {
   $("chart-latency").replaceChildren(chart(h, now, [["p50", "p50", COLORS.primary], ["p99", "p99", COLORS.late]], ms));
   const errs = Object.entries(t.errors || {});
   $("traffic-errors").innerHTML = errs.length ? "errors by outcome: " + errs.map(([k, v]) => `<span>${esc(k)} ${fmt(v)}/s</span>`).join(", ") : "";
+  // Where requests went: by member and role, over the last snapshot's interval.
+  const groups = (t.groups || []).filter((g) => g.requests > 0);
+  $("traffic-groups").innerHTML = groups.length
+    ? `<table><thead><tr><th>member</th><th>role</th><th>req/s</th><th>errors/s</th><th>p50</th><th>p99</th><th>requests</th></tr></thead><tbody>` +
+      groups.map((g) => `<tr data-traffic="${esc(g.cluster + "/" + g.role + "/" + g.member)}"><td>${esc(g.cluster)} <b>${esc(g.member || "–")}</b></td><td>${esc(g.role)}</td>` +
+        `<td data-figure="rps">${fmt(g.rps)}</td><td>${fmt(g.eps)}</td><td>${ms(g.p50_ms)}</td><td>${ms(g.p99_ms)}</td><td>${esc(g.requests)}</td></tr>`).join("") +
+      `</tbody></table>`
+    : "";
 }
 
 function niceMax(v) {
@@ -353,9 +361,16 @@ function chart(points, now, series, label) {
 // ---- pool ----------------------------------------------------------------------------
 
 function renderPool(s) {
+  // Requests written to each group's workers ahead of the one they run (pipelining);
+  // slot ids are the group's index times 65536 plus the slot.
+  const pipelined = new Map();
+  for (const sl of s.status.slots || []) {
+    const gi = Math.floor(sl.slot / 65536);
+    pipelined.set(gi, (pipelined.get(gi) || 0) + (sl.pipeline || 0));
+  }
   const reads = new Map();
   for (const c of s.clusters) for (const r of c.read_pools || []) reads.set(c.name + "/" + r.member, r);
-  const rows = s.status.groups.map((g) => {
+  const rows = s.status.groups.map((g, gi) => {
     const key = `${g.role}:${g.member || ""}`;
     const read = g.role === "read" ? reads.get(g.cluster + "/" + g.member) : null;
     const serving = g.role === "read" ? !!(read && read.serving) : !g.unavailable;
@@ -366,12 +381,12 @@ function renderPool(s) {
       `<td>${esc(g.cluster)} ${esc(g.role)}<br><b>${esc(g.member || "–")}</b></td>` +
       `<td class="why">${serving ? "serving" : "<b>not serving</b>"}${why ? "<br><span class='muted'>" + esc(short(why, 60)) + "</span>" : ""}</td>` +
       `<td><div class="slots">${cells.join("")}</div>${g.slots}/${g.size}</td>` +
-      `<td>${g.idle}</td><td>${g.busy}</td><td>${g.starting}</td><td>${g.quitting}</td><td>${g.sessions}/${g.max_sessions}</td>` +
+      `<td>${g.idle}</td><td>${g.busy}</td><td>${g.starting}</td><td>${g.quitting}</td><td>${g.sessions}/${g.max_sessions}</td><td data-figure="pipelined">${pipelined.get(gi) || 0}</td>` +
       `<td>${g.queue_depth}/${g.queue_capacity}</td><td>${fmt(g.queue_bytes / 1024, 0)}/${fmt(g.queue_bytes_capacity / 1048576, 0)} MiB</td>` +
       `<td>${g.longest_wait_ms ? ms(g.longest_wait_ms) : "–"}</td><td>${g.respawns}</td><td>${g.recycles}</td></tr>`;
   });
   $("groups").innerHTML =
-    `<table><thead><tr><th>group</th><th>state</th><th>slots</th><th>idle</th><th>busy</th><th>start</th><th>quit</th><th>pinned</th><th>queue</th><th>queue KiB</th><th>longest wait</th><th>respawns</th><th>recycles</th></tr></thead><tbody>${rows.join("")}</tbody></table>`;
+    `<table><thead><tr><th>group</th><th>state</th><th>slots</th><th>idle</th><th>busy</th><th>start</th><th>quit</th><th>pinned</th><th title="requests written to the workers behind the one they run">pipelined</th><th>queue</th><th>queue KiB</th><th>longest wait</th><th>respawns</th><th>recycles</th></tr></thead><tbody>${rows.join("")}</tbody></table>`;
 }
 
 // ---- policy --------------------------------------------------------------------------

@@ -132,6 +132,15 @@ impl SlotGroup {
 
     /// The worker settings a registering worker of `index` gets: those of the target
     /// it was spawned for.
+    /// The member slot `index` (in `generation`) was spawned for.
+    pub fn member_for(&self, index: u32, generation: u64) -> Option<String> {
+        let g = self.lock();
+        g.slots
+            .get(&index)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.target.as_ref().map(|t| t.member.clone()))
+    }
+
     pub fn settings_for(&self, index: u32, generation: u64) -> Option<WorkerSettings> {
         let g = self.lock();
         g.slots

@@ -188,6 +188,8 @@ pub struct Relay {
     pinned: Option<pinned::Pinned>,
     /// The group's holds (a switchover, the primary lost): a pinned session ends.
     holds: tokio::sync::watch::Receiver<u64>,
+    /// Its group's traffic series (`osprey_group_requests_total`, …), for its member.
+    traffic: crate::metrics::GroupTraffic,
 }
 
 impl Relay {
@@ -206,7 +208,11 @@ impl Relay {
         let depth = env.pool.pipeline_depth.clamp(1, osprey_protocol::MAX_PIPELINE_DEPTH);
         let hold = Duration::from_millis(env.pool.pipeline_hold_ms);
         let holds = pool.hold_changes();
+        let role = if pool.read_member().is_some() { "read" } else { "write" };
+        let member = pool.member_for(slot, generation).unwrap_or_default();
+        let traffic = crate::metrics::GroupTraffic::of(&env.metrics, pool.cluster(), role, &member);
         Relay {
+            traffic,
             env,
             pool,
             slot,

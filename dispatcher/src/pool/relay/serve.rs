@@ -619,13 +619,16 @@ impl Relay {
             Ok(())
         };
         let env = &self.env;
-        env.metrics.latency.observe(cur.received.elapsed().as_secs_f64());
-        env.metrics.outcome(match (cur.stalled, cur.cancel_sent, cur.errored) {
+        let seconds = cur.received.elapsed().as_secs_f64();
+        let outcome = match (cur.stalled, cur.cancel_sent, cur.errored) {
             (true, _, _) => "slow_consumer",
             (false, true, _) => "cancelled",
             (false, false, true) => "error",
             (false, false, false) => "ok",
-        });
+        };
+        env.metrics.latency.observe(seconds);
+        env.metrics.outcome(outcome);
+        self.traffic.ended(outcome, seconds);
         relayed?;
         Ok(cur.fatal)
     }
