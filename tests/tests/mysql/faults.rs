@@ -562,12 +562,9 @@ async fn a_client_that_stops_reading_a_large_result_is_cut_off_and_frees_its_wor
     let before = osprey_tests::harness::rss_kib(d.pid()).unwrap();
     let mut s = logged_in(&rig).await;
     // ~200 MB of rows, never read.
-    s.write_all(&packet(
-        0,
-        b"\x03SELECT REPEAT('x', 2000) AS pad FROM seq_1_to_100000",
-    ))
-    .await
-    .unwrap();
+    s.write_all(&packet(0, b"\x03SELECT REPEAT('x', 2000) AS pad FROM seq_1_to_100000"))
+        .await
+        .unwrap();
     // Meanwhile, others are served.
     let mut other = rig.conn().await;
     for _ in 0..5 {
