@@ -76,6 +76,10 @@ pub struct MysqlConfig {
     pub require_secure_transport: bool,
     /// Who may log in.
     pub users: Vec<MysqlUser>,
+    /// Bytes that every MySQL connection's prepared statements (texts and definitions)
+    /// and long data waiting for an EXECUTE may hold together: a budget of their own, so
+    /// that statements kept for later never take what requests need now.
+    pub max_statement_bytes: usize,
 }
 
 impl Default for MysqlConfig {
@@ -89,6 +93,7 @@ impl Default for MysqlConfig {
             tls: None,
             require_secure_transport: false,
             users: Vec::new(),
+            max_statement_bytes: 256 << 20,
         }
     }
 }
@@ -558,6 +563,9 @@ impl Config {
 
     fn validate_mysql(&self) -> Result<(), String> {
         let m = &self.mysql;
+        if m.max_statement_bytes < 4096 || m.max_statement_bytes > u32::MAX as usize {
+            return Err("mysql.max_statement_bytes must be between 4 KiB and 4 GiB".into());
+        }
         if m.max_connections == 0 || m.idle_timeout_ms == 0 || m.read_timeout_ms == 0 {
             return Err("mysql.max_connections, idle_timeout_ms and read_timeout_ms must be at least 1".into());
         }

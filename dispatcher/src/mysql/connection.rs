@@ -357,8 +357,8 @@ struct Conn {
     last_insert_id: u64,
     /// Its prepared statements.
     stmts: prepared::Statements,
-    /// What they and their long data hold, charged to the dispatcher's request-byte
-    /// budget (`limits.max_request_bytes`) beside every client's waiting REQUESTs.
+    /// What they and their long data hold, charged to the port's statement budget
+    /// (`mysql.max_statement_bytes`, all connections together).
     stmt_bytes: Option<OwnedSemaphorePermit>,
     /// The BLOB-typed parameters of the EXECUTE being run.
     blob_params: Vec<u16>,
@@ -527,7 +527,7 @@ impl Conn {
                 let kept = if self.charge(body.len().saturating_sub(6)) {
                     self.stmts.long_data(body, limit)
                 } else {
-                    // The dispatcher's budget for all clients is spent: as past this
+                    // The port's budget for all connections is spent: as past this
                     // connection's own.
                     Err(prepared::StmtError::LongDataTooLarge)
                 };
@@ -567,7 +567,7 @@ impl Conn {
         let have = self.stmt_bytes.as_ref().map_or(0, |p| p.num_permits());
         if want > have {
             let more = u32::try_from(want - have).unwrap_or(u32::MAX);
-            let Ok(p) = self.ctx.request_bytes.clone().try_acquire_many_owned(more) else {
+            let Ok(p) = self.front.statement_bytes.clone().try_acquire_many_owned(more) else {
                 return false;
             };
             match &mut self.stmt_bytes {
@@ -778,7 +778,7 @@ impl Conn {
             w.packet(&reply::err(
                 1041,
                 "HY000",
-                "osprey: out of memory for prepared statements (limits.max_request_bytes is spent); try again",
+                "osprey: out of memory for prepared statements (mysql.max_statement_bytes is spent); try again",
             ));
             return Ok(());
         }

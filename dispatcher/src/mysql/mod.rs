@@ -52,6 +52,9 @@ pub struct Front {
     /// `limits.max_pending_handshakes`, apart from the SDK port's so that a flood on one
     /// does not hold the other's logins, and each address's share of it.
     pub handshakes: Arc<Semaphore>,
+    /// `mysql.max_statement_bytes`: what prepared statements and long data hold, all
+    /// connections together.
+    pub statement_bytes: Arc<Semaphore>,
     pending: Mutex<HashMap<IpAddr, usize>>,
     pending_per_address: usize,
 }
@@ -93,6 +96,7 @@ impl Front {
         let users = config.users.clone();
         Front {
             handshakes: Arc::new(Semaphore::new(max_pending_handshakes)),
+            statement_bytes: Arc::new(Semaphore::new(config.max_statement_bytes.min(u32::MAX as usize))),
             pending: Mutex::default(),
             // One address may hold an eighth of the logins in progress: a silent flood
             // from one host leaves the others theirs.

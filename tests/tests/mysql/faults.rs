@@ -438,12 +438,12 @@ async fn one_user_cannot_take_every_session_place() {
     assert_eq!(x, 1, "the first pinned connection goes on");
 }
 
-/// Long data waiting for its EXECUTE counts against the dispatcher's request-byte budget
-/// for all clients (`limits.max_request_bytes`), not only its connection's: past it,
-/// the EXECUTE gets ERROR 1153 and the dispatcher holds no more.
+/// Long data waiting for its EXECUTE counts against the port's statement budget for all
+/// connections (`mysql.max_statement_bytes`), not only its connection's: past it, the
+/// EXECUTE gets ERROR 1153 and the dispatcher holds no more; requests are not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_data_counts_against_the_dispatchers_byte_budget() {
-    let rig = Rig::start("[limits]\nmax_request_bytes = 4194304\nmax_request_bytes_per_connection = 4194304\n").await;
+async fn long_data_counts_against_the_ports_statement_budget() {
+    let rig = Rig::start_with("max_statement_bytes = 4194304", "").await;
     async fn prepared(rig: &Rig) -> (TcpStream, [u8; 4]) {
         let mut s = logged_in(rig).await;
         s.write_all(&packet(0, b"\x16SELECT LENGTH(?)")).await.unwrap();
