@@ -209,7 +209,7 @@ pub async fn open(
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let cap = || limits.cap(sized.target_size());
             let tenant = group.tenant_of(conn_id);
-            let tenant_cap = || limits.tenant_cap(cap(), sized.active_tenants().saturating_sub(1));
+            let tenant_cap = |others: usize| limits.tenant_cap(cap(), others);
             let share = Some(TenantShare {
                 tenant,
                 cap: tenant_cap,
@@ -222,7 +222,7 @@ pub async fn open(
                         "this client's token or MySQL user holds {} of the {cap} sessions this slot group \
                          allows (sessions.max_per_tenant: the others are kept for other tenants) and none \
                          of its own ended within {} ms",
-                        tenant_cap(),
+                        group.sessions.share_of(tenant, tenant_cap),
                         wait.as_millis()
                     ),
                     GateError::Full => format!(

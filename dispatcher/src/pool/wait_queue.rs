@@ -230,8 +230,6 @@ struct ConnQueue {
     line: InLine,
     /// Its last request that ended held a worker for [`HEAVY`] or longer.
     heavy: bool,
-    /// Counted in its tenant's `conns` (registered, not created by a stray job).
-    counted: bool,
 }
 
 impl ConnQueue {
@@ -248,7 +246,6 @@ impl ConnQueue {
             held: 0,
             line: InLine::default(),
             heavy: false,
-            counted: false,
         }
     }
 }
@@ -265,8 +262,6 @@ struct Tenant {
     held: usize,
     /// Where it waits in the queue's turns of tenants.
     line: InLine,
-    /// Its connections open now.
-    conns: usize,
 }
 
 /// Figures for the admin view.
@@ -305,8 +300,6 @@ pub struct WaitQueue {
     jobs: usize,
     bytes: usize,
     waiting_conns: usize,
-    /// Tenants with a connection open now.
-    active_tenants: usize,
 }
 
 fn cap(n: usize) -> usize {
@@ -331,7 +324,6 @@ impl WaitQueue {
             jobs: 0,
             bytes: 0,
             waiting_conns: 0,
-            active_tenants: 0,
         };
         q.set_limits(limits, pool_size);
         q
@@ -369,40 +361,12 @@ impl WaitQueue {
     /// connection never registered counts as tenant 0.
     pub fn register(&mut self, conn: u64, tenant: u32) {
         self.tenant(tenant);
-        let c = self.conns.entry(conn).or_insert_with(|| ConnQueue::new(tenant));
-        let before = c.counted.then_some(c.tenant);
-        c.tenant = tenant;
-        c.counted = true;
-        if before != Some(tenant) {
-            // A change of user moves the connection to another tenant.
-            if let Some(old) = before {
-                self.uncount(old);
-            }
-            let t = &mut self.tenants[tenant as usize];
-            t.conns += 1;
-            if t.conns == 1 {
-                self.active_tenants += 1;
-            }
-        }
-    }
-
-    fn uncount(&mut self, tenant: u32) {
-        if let Some(t) = self.tenants.get_mut(tenant as usize) {
-            t.conns -= 1;
-            if t.conns == 0 {
-                self.active_tenants -= 1;
-            }
-        }
+        self.conns.entry(conn).or_insert_with(|| ConnQueue::new(tenant)).tenant = tenant;
     }
 
     /// The tenant of a registered connection (0 if unknown).
     pub fn tenant_of(&self, conn: u64) -> u32 {
         self.conns.get(&conn).map_or(0, |c| c.tenant)
-    }
-
-    /// Tenants (client tokens, MySQL users) with a connection open now.
-    pub fn active_tenants(&self) -> usize {
-        self.active_tenants
     }
 
     fn tenant(&mut self, tenant: u32) -> &mut Tenant {
@@ -622,9 +586,6 @@ impl WaitQueue {
         let Some(c) = self.conns.remove(&conn) else {
             return Vec::new();
         };
-        if c.counted {
-            self.uncount(c.tenant);
-        }
         self.jobs -= c.jobs.len();
         self.bytes -= c.bytes;
         self.waiting_conns -= usize::from(!c.jobs.is_empty());

@@ -23,7 +23,7 @@ pub struct SessionsConfig {
     /// Sessions one client connection may have open (or opening) at once.
     pub max_per_connection: usize,
     /// Sessions of one tenant (a client token, a MySQL user) per group; 0: the group's
-    /// cap less one place for each other tenant with a connection open, at least 1.
+    /// cap less one place for each other tenant that holds or waits for one, at least 1.
     pub max_per_tenant: usize,
     /// Opens that may wait for a place under `max_per_group`, per group; more: SESSION_LIMIT at once.
     pub queue: usize,
@@ -64,8 +64,9 @@ impl SessionsConfig {
     }
 
     /// The sessions one tenant may hold in a group whose cap is `cap`, while `others`
-    /// other tenants have connections open: so that one tenant cannot take every place
-    /// and keep the others' transactions out for as long as its sessions live.
+    /// other tenants hold or wait for places: so that one tenant cannot keep every place
+    /// and the others' transactions out for as long as its sessions live. Alone, it may
+    /// use them all.
     pub fn tenant_cap(&self, cap: usize, others: usize) -> usize {
         match self.max_per_tenant {
             0 => cap.saturating_sub(others).max(1),
@@ -174,6 +175,28 @@ struct GateState {
     waiting: usize,
     /// Places held by tenant (of opens that named one).
     by_tenant: std::collections::HashMap<u32, usize>,
+    /// Opens waiting, by tenant.
+    waiting_by_tenant: std::collections::HashMap<u32, usize>,
+}
+
+impl GateState {
+    /// Tenants other than `me` that hold a place or wait for one.
+    fn others(&self, me: u32) -> usize {
+        let mut seen: Vec<u32> = self.by_tenant.keys().copied().filter(|t| *t != me).collect();
+        seen.extend(self.waiting_by_tenant.keys().copied().filter(|t| *t != me));
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
+    }
+}
+
+fn dec(map: &mut std::collections::HashMap<u32, usize>, t: u32) {
+    if let Some(n) = map.get_mut(&t) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(&t);
+        }
+    }
 }
 
 /// A session's place under its group's cap; given back when dropped.
@@ -187,20 +210,16 @@ impl Drop for GatePermit {
         let mut s = self.gate.lock();
         s.open = s.open.saturating_sub(1);
         if let Some(t) = self.tenant {
-            if let Some(n) = s.by_tenant.get_mut(&t) {
-                *n -= 1;
-                if *n == 0 {
-                    s.by_tenant.remove(&t);
-                }
-            }
+            dec(&mut s.by_tenant, t);
         }
         drop(s);
         self.gate.freed.notify_waiters();
     }
 }
 
-/// Whose open it is, and how many places that tenant may hold (read again at each try).
-pub struct TenantShare<F: Fn() -> usize> {
+/// Whose open it is, and how many places that tenant may hold while a number of other
+/// tenants hold or wait for places (read again at each try).
+pub struct TenantShare<F: Fn(usize) -> usize> {
     pub tenant: u32,
     pub cap: F,
 }
@@ -240,6 +259,12 @@ impl SessionGate {
         self.registry().retain(|s| !Arc::ptr_eq(s, session));
     }
 
+    /// The places `tenant` may hold now, by `cap` (of the other tenants holding or
+    /// waiting), for a refusal's message.
+    pub fn share_of(&self, tenant: u32, cap: impl Fn(usize) -> usize) -> usize {
+        cap(self.lock().others(tenant))
+    }
+
     /// The sessions pinned now.
     pub fn sessions(&self) -> Vec<Arc<Session>> {
         self.registry().clone()
@@ -254,24 +279,30 @@ impl SessionGate {
         max_waiting: usize,
         wait: Duration,
     ) -> Result<GatePermit, GateError> {
-        self.enter_as(None::<TenantShare<fn() -> usize>>, cap, max_waiting, wait)
+        self.enter_as(None::<TenantShare<fn(usize) -> usize>>, cap, max_waiting, wait)
             .await
     }
 
     /// [`SessionGate::enter`] for a tenant, which may hold at most its share of places.
-    pub async fn enter_as<F: Fn() -> usize>(
+    pub async fn enter_as<F: Fn(usize) -> usize>(
         self: &Arc<Self>,
         share: Option<TenantShare<F>>,
         cap: impl Fn() -> usize,
         max_waiting: usize,
         wait: Duration,
     ) -> Result<GatePermit, GateError> {
-        /// Counts one waiter while it lives.
-        struct Waiter<'a>(&'a SessionGate);
+        /// Counts one waiter (of a tenant, if it named one) while it lives.
+        struct Waiter<'a>(&'a SessionGate, Option<u32>);
         impl Drop for Waiter<'_> {
             fn drop(&mut self) {
                 let mut s = self.0.lock();
                 s.waiting = s.waiting.saturating_sub(1);
+                if let Some(t) = self.1 {
+                    dec(&mut s.waiting_by_tenant, t);
+                }
+                drop(s);
+                // Its going may let another tenant's open take more.
+                self.0.freed.notify_waiters();
             }
         }
         let deadline = tokio::time::Instant::now() + wait;
@@ -286,7 +317,7 @@ impl SessionGate {
                 let tenant = share.as_ref().map(|t| t.tenant);
                 let tenant_full = share
                     .as_ref()
-                    .is_some_and(|t| s.by_tenant.get(&t.tenant).copied().unwrap_or(0) >= (t.cap)());
+                    .is_some_and(|t| s.by_tenant.get(&t.tenant).copied().unwrap_or(0) >= (t.cap)(s.others(t.tenant)));
                 let room = s.open < cap();
                 // Said only when the group had a place: then it is the share that holds.
                 held_by_share = tenant_full && room;
@@ -305,7 +336,10 @@ impl SessionGate {
                         return Err(GateError::Full);
                     }
                     s.waiting += 1;
-                    waiter = Some(Waiter(self));
+                    if let Some(t) = tenant {
+                        *s.waiting_by_tenant.entry(t).or_default() += 1;
+                    }
+                    waiter = Some(Waiter(self, tenant));
                 }
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
@@ -355,21 +389,41 @@ mod tests {
     #[tokio::test]
     async fn a_tenant_holds_at_most_its_share_and_others_still_get_in() {
         let gate = Arc::new(SessionGate::default());
-        let share = |tenant| Some(TenantShare { tenant, cap: || 2 });
+        // The derived share: the cap (3) less one place per other tenant holding or waiting.
+        let share = |tenant| {
+            Some(TenantShare {
+                tenant,
+                cap: |others: usize| 3usize.saturating_sub(others).max(1),
+            })
+        };
+        // Alone, tenant 1 may take every place.
         let a1 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
-        let _a2 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
-        // Tenant 1 holds its share: its third waits, and times out naming the share.
+        let a2 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
+        let _a3 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
+        // Tenant 2 waits for a place; tenant 1's next open waits too. When one of tenant
+        // 1's ends, tenant 2 gets it: tenant 1 may hold only 3 - 1 = 2 while 2 waits.
+        let g = gate.clone();
+        let b = tokio::spawn(async move { g.enter_as(share(2), || 3, 8, Duration::from_secs(5)).await });
+        while !gate.lock().waiting_by_tenant.contains_key(&2) {
+            tokio::task::yield_now().await;
+        }
+        let g = gate.clone();
+        let a4 = tokio::spawn(async move { g.enter_as(share(1), || 3, 8, Duration::from_millis(300)).await.err() });
+        while !gate.lock().waiting_by_tenant.contains_key(&1) {
+            tokio::task::yield_now().await;
+        }
+        drop(a1);
+        let _b = b.await.unwrap().expect("the other tenant got the freed place");
+        assert_eq!(a4.await.unwrap(), Some(GateError::Timeout), "the group is full again");
+        assert_eq!(gate.lock().by_tenant.get(&1), Some(&2));
+        // A place frees while tenant 2 holds one: tenant 1, at its share of 2, waits.
+        drop(a2);
+        let _a5 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
         assert_eq!(
             gate.enter_as(share(1), || 3, 8, Duration::from_millis(20)).await.err(),
-            Some(GateError::TenantShare)
+            Some(GateError::Timeout),
+            "the group is full"
         );
-        // The group's last place is another tenant's to take.
-        let _b = gate.enter_as(share(2), || 3, 8, Duration::ZERO).await.unwrap();
-        assert_eq!(gate.open(), 3);
-        // One of tenant 1's ends: tenant 1 may open again (the group has a place).
-        drop(a1);
-        let _a3 = gate.enter_as(share(1), || 3, 8, Duration::ZERO).await.unwrap();
-        assert_eq!(gate.lock().by_tenant.get(&1), Some(&2));
     }
 
     #[tokio::test]

@@ -393,49 +393,59 @@ async fn a_silent_flood_from_one_address_locks_no_one_else_out() {
     );
 }
 
-/// One tenant (a MySQL user) cannot take every session place of a group and keep the
-/// others' transactions out: with another user connected, it holds at most the group's
-/// cap less one (`sessions.max_per_tenant` derived), and the other's transaction gets in.
+/// One tenant (a MySQL user) cannot keep every session place of a group while another
+/// waits for one: alone it may use them all, but once another user waits, a place that
+/// frees goes to that user (the first user's share is the cap less one place per other
+/// tenant holding or waiting, `sessions.max_per_tenant` derived), even though the first
+/// user's own open was waiting before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_user_cannot_take_every_session_place() {
     let other = format!(
-        "[sessions]\nopen_timeout_ms = 1000\n[[mysql.users]]\nname = \"other\"\nnative_hash = \"{}\"\n",
+        "[sessions]\nopen_timeout_ms = 3000\n[[mysql.users]]\nname = \"other\"\nnative_hash = \"{}\"\n",
         osprey_protocol::mysql_auth::native_hash("other-pw")
     );
     let rig = Rig::start(&other).await;
-    let connect_other = || async {
-        let opts = mysql_async::OptsBuilder::default()
-            .ip_or_hostname(rig.mysql.ip().to_string())
-            .tcp_port(rig.mysql.port())
-            .user(Some("other"))
-            .pass(Some("other-pw"))
-            .db_name(Some(rig.primary().database()))
-            .prefer_socket(false);
-        mysql_async::Conn::new(opts).await.unwrap()
-    };
-    let mut b = connect_other().await;
+    let opts = mysql_async::OptsBuilder::default()
+        .ip_or_hostname(rig.mysql.ip().to_string())
+        .tcp_port(rig.mysql.port())
+        .user(Some("other"))
+        .pass(Some("other-pw"))
+        .db_name(Some(rig.primary().database()))
+        .prefer_socket(false);
+    let mut b = mysql_async::Conn::new(opts).await.unwrap();
     b.query_drop("CREATE TABLE IF NOT EXISTS tenant_t (id INT PRIMARY KEY AUTO_INCREMENT, v INT)")
         .await
         .unwrap();
-    // The pool has 4 slots: sessions may pin 2. The app's user pins one (a user variable);
-    // its second would take the group's last place, which is kept for the other user.
+    // The pool has 4 slots: sessions may pin 2. The app's user, alone, pins both (a user
+    // variable each).
     let mut a1 = rig.conn().await;
     a1.query_drop("SET @x = 1").await.unwrap();
     let mut a2 = rig.conn().await;
-    let e = a2.query_drop("SET @y = 2").await.unwrap_err();
-    match &e {
-        mysql_async::Error::Server(s) => {
-            assert_eq!(s.code, 9002, "{s:?}");
-            assert!(s.message.contains("max_per_tenant"), "{s:?}");
-        }
-        e => panic!("{e:?}"),
-    }
-    // The other user's transaction gets the place.
-    b.query_drop("BEGIN").await.unwrap();
-    b.query_drop("INSERT INTO tenant_t (v) VALUES (1)").await.unwrap();
-    b.query_drop("COMMIT").await.unwrap();
-    let (x,): (i64,) = a1.query_first("SELECT @x").await.unwrap().unwrap();
-    assert_eq!(x, 1, "the first pinned connection goes on");
+    a2.query_drop("SET @y = 2").await.unwrap();
+    // Its third pin waits; then the other user's transaction waits too.
+    let mut a3 = rig.conn().await;
+    let third = tokio::spawn(async move { a3.query_drop("SET @z = 3").await.map(|_| a3) });
+    // (Only to put the two waits in this order: the third's first.)
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waited = std::time::Instant::now();
+    let txn = tokio::spawn(async move {
+        b.query_drop("BEGIN").await?;
+        b.query_drop("INSERT INTO tenant_t (v) VALUES (1)").await?;
+        b.query_drop("COMMIT").await?;
+        Ok::<_, mysql_async::Error>(waited.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A place frees: it is the other user's, not the app's third.
+    a1.reset().await.unwrap();
+    let took = txn.await.unwrap().expect("the other user's transaction gets the place");
+    assert!(took < Duration::from_millis(2500), "it got the freed place: {took:?}");
+    // The app's third gets a place once the transaction gave it back.
+    third
+        .await
+        .unwrap()
+        .expect("the app's third pin, after the transaction");
+    let (y,): (i64,) = a2.query_first("SELECT @y").await.unwrap().unwrap();
+    assert_eq!(y, 2, "the app's pinned connection goes on");
 }
 
 /// Long data waiting for its EXECUTE counts against the port's statement budget for all

@@ -96,11 +96,6 @@ impl SlotGroup {
         self.lock().queue.tenant_of(conn)
     }
 
-    /// Tenants with a connection open now (the sessions' fair share counts them).
-    pub fn active_tenants(&self) -> usize {
-        self.lock().queue.active_tenants()
-    }
-
     /// New wait-queue bounds and caps (SIGHUP).
     pub fn set_limits(self: &Arc<Self>, limits: QueueLimits) {
         let mut g = self.lock();
