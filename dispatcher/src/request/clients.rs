@@ -35,12 +35,17 @@ impl ClientInfo {
         peer: Option<SocketAddr>,
         attrs: &[(String, String)],
     ) -> ClientInfo {
+        // The client chose these bytes: no control character (an escape sequence would
+        // reach an operator's terminal through `osprey sessions`).
         let clip = |s: &str| {
             let mut end = s.len().min(MAX_ATTR_BYTES);
             while !s.is_char_boundary(end) {
                 end -= 1;
             }
-            s[..end].to_string()
+            s[..end]
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect::<String>()
         };
         ClientInfo {
             protocol,
@@ -122,6 +127,13 @@ mod tests {
         let attrs: Vec<(String, String)> = (0..40).map(|i| (format!("k{i}"), long.clone())).collect();
         let a = d.register(1, ClientInfo::new("mysql", "app".into(), None, &attrs));
         assert_eq!(a.info.attrs.len(), MAX_ATTRS);
+        let esc = ClientInfo::new(
+            "mysql",
+            "x".into(),
+            None,
+            &[("program_name".into(), "a\x1b[2Jb\r".into())],
+        );
+        assert_eq!(esc.attrs[0].1, "a?[2Jb?");
         assert!(a.info.attrs[0].1.len() <= MAX_ATTR_BYTES);
         let b = d.register(2, ClientInfo::new("sdk", "client_tokens[0]".into(), None, &[]));
         assert_eq!((d.count("mysql"), d.count("sdk")), (1, 1));
