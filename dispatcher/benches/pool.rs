@@ -107,6 +107,7 @@ fn job(f: &Fixture, stream: u32) -> Job {
         digest: None,
         opens: None,
         in_session: false,
+        multi_results: false,
     }
 }
 

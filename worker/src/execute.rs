@@ -496,6 +496,11 @@ pub(crate) async fn answer(
     match result {
         Ok(()) => {
             out.flush_rows(false).await?;
+            if unasked_result_end() {
+                // Test-only: a broken worker, for the dispatcher's check of what it relays.
+                out.link
+                    .push(&Frame::new(Kind::ResultEnd, stream, &ResultEnd::default()));
+            }
             let end = End {
                 affected_rows: acc.affected_rows,
                 last_insert_id: acc.last_insert_id,
@@ -529,6 +534,13 @@ pub(crate) async fn answer(
             Ok(outcome)
         }
     }
+}
+
+/// Test-only (`OSPREY_FAULT_UNASKED_RESULT_END=1`): the worker sends a `RESULT_END` before
+/// every `END`, asked for or not, as a broken worker would.
+fn unasked_result_end() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("OSPREY_FAULT_UNASKED_RESULT_END").is_ok_and(|v| v == "1"))
 }
 
 /// The error ends the session.

@@ -79,7 +79,10 @@ pub async fn admit(
         return Ok(());
     };
     let timeout = (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms));
-    let job = Job::new(guard, cancel, frame, timeout, ctx.queue_timeout(), digest);
+    let job = Job {
+        multi_results: request.multi_results,
+        ..Job::new(guard, cancel, frame, timeout, ctx.queue_timeout(), digest)
+    };
     throttle::then_submit(ctx, &group, job).await;
     Ok(())
 }

@@ -335,6 +335,7 @@ pub async fn statement(
     let timeout = (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms));
     let job = Job {
         in_session: true,
+        multi_results: request.multi_results,
         ..Job::new(guard, cancel, frame, timeout, ctx.queue_timeout(), digest)
     };
     // In order: behind the session's statements that wait for a token, even with one at

@@ -42,6 +42,9 @@ pub struct Job {
     pub opens: Option<Box<Opening>>,
     /// A statement of a session: only its pinned worker may run it, never another.
     pub in_session: bool,
+    /// Its REQUEST asked for each result apart (`multi_results`, protocol 1.7): only then
+    /// may the worker send `RESULT_END` on it.
+    pub multi_results: bool,
 }
 
 /// What a job that opens a session carries to the worker link that pins it.
@@ -78,6 +81,7 @@ impl Job {
             digest,
             opens: None,
             in_session: false,
+            multi_results: false,
         }
     }
 

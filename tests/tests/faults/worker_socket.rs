@@ -132,3 +132,30 @@ async fn the_worker_socket_bounds_frames_before_hello() {
     );
     assert_closed_loop(&c, &[], 1).await;
 }
+
+/// A worker that sends `RESULT_END` on a stream whose REQUEST did not ask for it (test-only
+/// `OSPREY_FAULT_UNASKED_RESULT_END`) is a broken worker: the request ends with
+/// `WORKER_LOST`, the worker is replaced, and the client never sees a frame its protocol
+/// version does not promise (it was relayed: the SDK failed the query with a protocol
+/// violation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_end_nobody_asked_for_is_a_broken_worker() {
+    let _serial = serial().await;
+    let c = cluster("").await;
+    let config = osprey_tests::harness::Dispatcher::config_for(c.sandbox.primary(), "[pool]\nsize = 1\n");
+    let d = Dispatcher::spawn_with_env(config, &[("OSPREY_FAULT_UNASKED_RESULT_END", "1")]).unwrap();
+    d.wait_idle(1, Duration::from_secs(30)).await.unwrap();
+    let client = d.client().await.unwrap();
+    let e = client
+        .query("SELECT 1", &[])
+        .await
+        .expect_err("the worker broke the protocol");
+    assert_eq!(e.code(), ErrorCode::WorkerLost, "{}", crate::describe(&e));
+    let m = d.metrics().await.unwrap();
+    let kills: f64 = m
+        .lines()
+        .find(|l| l.starts_with("osprey_worker_kills_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(kills >= 1.0, "the worker was replaced: {m}");
+}

@@ -85,6 +85,7 @@ impl Fixture {
             digest: None,
             opens: None,
             in_session: false,
+            multi_results: false,
         }
     }
 
@@ -720,6 +721,7 @@ fn gauges_add_up_over_groups() {
         digest: None,
         opens: None,
         in_session: false,
+        multi_results: false,
     };
     assert!(groups[0].submit(job).is_ok());
     assert_eq!(metrics.queue_depth.get(), 1);

@@ -90,6 +90,9 @@ struct Current {
     /// The REQUEST as received (its bytes are held by the stream's budget until the end
     /// anyway): the statement is decoded from it again only for a slow execution.
     request: Frame,
+    /// The request asked for `RESULT_END`s (`multi_results`): without it one is a broken
+    /// worker's.
+    multi_results: bool,
 }
 
 /// A cancelled request whose statement was still running at `cancel_grace_ms`. MariaDB may
@@ -320,6 +323,7 @@ impl Relay {
             digest: cur.digest,
             opens: None,
             in_session: false,
+            multi_results: cur.multi_results,
         };
         give_back_counted(&self.env, &self.pool, job, false);
     }

@@ -273,6 +273,10 @@ impl Relay {
                 if Some(frame.stream) != head {
                     return Err(LinkError::WrongStream);
                 }
+                if frame.kind == Kind::ResultEnd && !cur.multi_results {
+                    // Never sent on a stream that did not ask for it (docs/PROTOCOL.md).
+                    return Err(LinkError::UnexpectedKind);
+                }
                 cur.guard.set_dispatched();
                 // After a CANCEL nobody wants the data: only ERROR and END go on.
                 if cur.cancel_sent {
@@ -506,6 +510,7 @@ impl Relay {
             data_dropped: false,
             digest: job.digest,
             request: job.frame,
+            multi_results: job.multi_results,
         }
     }
 
