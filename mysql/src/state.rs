@@ -175,10 +175,12 @@ pub fn several_statements(sql: &str) -> bool {
         .split(|c: char| c.is_whitespace() || c == ';')
         .filter(|w| !w.is_empty());
     let first = words.next().unwrap_or("");
-    // `BEGIN NOT ATOMIC … END` is one statement; `BEGIN; …` starts a transaction.
+    // `BEGIN NOT ATOMIC … END` is one statement; `BEGIN; …` starts a transaction. A
+    // stored program's CREATE carries its body; any other CREATE ends at its `;`.
     let compound = match first {
         "begin" => words.next() == Some("not"),
-        "if" | "case" | "loop" | "while" | "repeat" | "create" | "alter" | "declare" => true,
+        "create" | "alter" => osprey_sql::defines_program(&code),
+        "if" | "case" | "loop" | "while" | "repeat" | "declare" => true,
         _ => first.ends_with(':'),
     };
     !compound && code.split(';').filter(|p| !p.trim().is_empty()).count() > 1
@@ -265,6 +267,13 @@ mod tests {
         assert!(!several_statements("BEGIN NOT ATOMIC SELECT 1; SELECT 2; END"));
         assert!(several_statements("BEGIN; UPDATE t SET a = 1; COMMIT"));
         assert!(several_statements("begin work; select 1"));
+        assert!(several_statements("CREATE TABLE x (a INT); DROP TABLE y"));
+        assert!(!several_statements(
+            "CREATE PROCEDURE p() BEGIN SELECT 1; SELECT 2; END"
+        ));
+        assert!(!several_statements(
+            "create definer = root@localhost trigger t before insert on x for each row begin set @a = 1; set @b = 2; end"
+        ));
         assert_eq!(
             statements("SELECT ';' AS a; /* ; */ UPDATE t SET b = 'x;y' ;; SELECT 2"),
             vec!["SELECT ';' AS a", " /* ; */ UPDATE t SET b = 'x;y' ", " SELECT 2"]

@@ -286,7 +286,7 @@ pub fn top_level_statements(code: &str) -> impl Iterator<Item = &str> {
 /// `CREATE [OR REPLACE] [DEFINER = user] [AGGREGATE] PROCEDURE|FUNCTION|TRIGGER|EVENT|PACKAGE`.
 /// The user may be several words (`u@10.0.0.1`), so the keyword is looked for among the
 /// first words once the second is one that only a program's CREATE has there.
-fn defines_program(code: &str) -> bool {
+pub fn defines_program(code: &str) -> bool {
     let program = |w: &str| {
         ["procedure", "function", "trigger", "event", "package"]
             .iter()

@@ -173,6 +173,11 @@ try:
     print("several without the flag", cur.fetchall())
 except pymysql.err.MySQLError as e:
     print("several without the flag", e.args[0])
+try:
+    cur.execute("CREATE TABLE py_x (a INT); DROP TABLE py_t")
+    print("a CREATE and more without the flag ran")
+except pymysql.err.MySQLError as e:
+    print("a CREATE and more without the flag", e.args[0])
 c.close()
 m = pymysql.connect(host=host, port=port, user=user, password=password, database=db, charset="utf8mb4",
                     client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS)
