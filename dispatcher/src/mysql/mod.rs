@@ -34,9 +34,15 @@ use crate::metrics::{Metrics, MysqlMetrics};
 const MAX_TRACKED_ADDRESSES: usize = 10_000;
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
-/// Failed logins by source address and user (`None`: a name no user has, all one): when
-/// the window began, how many.
-type Failures = HashMap<(IpAddr, Option<usize>), (Instant, u32)>;
+/// Who failed to log in: a configured user by index, or a name no user has by its hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Who {
+    User(usize),
+    Unknown(u64),
+}
+
+/// Failed logins by source address and name: when the window began, how many.
+type Failures = HashMap<(IpAddr, Who), (Instant, u32)>;
 
 /// What every MySQL connection shares.
 pub struct Front {
@@ -48,6 +54,8 @@ pub struct Front {
     pub started: Instant,
     per_user: Vec<Arc<AtomicUsize>>,
     failures: Mutex<Failures>,
+    /// Keyed per process: names no user has are counted by their hash.
+    name_hasher: std::collections::hash_map::RandomState,
     /// Logins in progress (greeting sent, no OK yet): the port's own
     /// `limits.max_pending_handshakes`, apart from the SDK port's so that a flood on one
     /// does not hold the other's logins, and each address's share of it.
@@ -108,6 +116,7 @@ impl Front {
             metrics,
             started: Instant::now(),
             failures: Mutex::default(),
+            name_hasher: Default::default(),
         }
     }
 
@@ -150,11 +159,21 @@ impl Front {
         self.failures.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The failure counter's key: per user, so that failures for one user (or for names
-    /// no user has) from an address shared by many clients (a NAT) do not lock the
-    /// others out; unknown names share one counter, so they cannot grow the table.
-    fn failure_key(&self, ip: IpAddr, user: &str) -> (IpAddr, Option<usize>) {
-        (ip, self.users.iter().position(|u| u.name == user))
+    /// The failure counter's key: per name, so that failures for one user from an
+    /// address shared by many clients (a NAT) do not lock the others out, and a name no
+    /// user has counts like one that exists (a shared count for unknown names would tell
+    /// which names exist). The table is bounded all the same (its oldest window goes).
+    fn failure_key(&self, ip: IpAddr, user: &str) -> (IpAddr, Who) {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let who = match self.users.iter().position(|u| u.name == user) {
+            Some(i) => Who::User(i),
+            None => {
+                let mut h = self.name_hasher.build_hasher();
+                user.hash(&mut h);
+                Who::Unknown(h.finish())
+            }
+        };
+        (ip, who)
     }
 
     /// Whether `user` failed to log in from `ip` too often within the last minute.

@@ -209,12 +209,16 @@ async fn logins_are_checked_with_both_plugins_and_failures_are_limited() {
     let sha2 = q(&["--default-auth=caching_sha2_password"], app, crate::PASSWORD).await;
     assert!(sha2.status.success(), "caching_sha2_password: {}", text(&sha2.stderr));
     // Someone behind the same address guesses at a name no user has: refused, then
-    // blocked, but the application's own user still logs in (a NAT is not locked out).
+    // blocked as a real name would be, but the application's own user still logs in (a
+    // NAT is not locked out), and another unknown name is not blocked (which would tell
+    // that it does not exist).
     for i in 0..4 {
         let e = text(&q(&[], "intruder", "guess").await.stderr);
         let want = if i < 3 { "ERROR 1045 (28000)" } else { "ERROR 1129" };
         assert!(e.contains(want), "attempt {i}: {e}");
     }
+    let fresh = text(&q(&[], "someone_else", "guess").await.stderr);
+    assert!(fresh.contains("ERROR 1045 (28000)"), "another unknown name: {fresh}");
     let still = q(&[], app, crate::PASSWORD).await;
     assert!(
         still.status.success(),
@@ -242,7 +246,7 @@ async fn logins_are_checked_with_both_plugins_and_failures_are_limited() {
     let blocked = q(&[], app, crate::PASSWORD).await;
     assert!(text(&blocked.stderr).contains("1129"), "{}", text(&blocked.stderr));
     let m = rig.cluster.dispatcher.metrics().await.unwrap();
-    assert!(m.contains("osprey_mysql_auth_failures_total 8"), "{m}");
+    assert!(m.contains("osprey_mysql_auth_failures_total 9"), "{m}");
 }
 
 /// TLS on the MySQL port: the mariadb client upgrades with SSLRequest and logs in over
