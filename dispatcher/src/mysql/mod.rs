@@ -65,6 +65,7 @@ pub struct Front {
     pub statement_bytes: Arc<Semaphore>,
     pending: Mutex<HashMap<IpAddr, usize>>,
     pending_per_address: usize,
+    max_pending: usize,
 }
 
 /// A login in progress, counted against its address's share until dropped.
@@ -109,6 +110,7 @@ impl Front {
             // One address may hold an eighth of the logins in progress: a silent flood
             // from one host leaves the others theirs.
             pending_per_address: (max_pending_handshakes / 8).max(1),
+            max_pending: max_pending_handshakes,
             tls,
             per_user: users.iter().map(|_| Arc::default()).collect(),
             users,
@@ -120,11 +122,15 @@ impl Front {
         }
     }
 
-    /// A login from `ip` may start: `None` when that address holds its share already.
+    /// A login from `ip` may start: `None` when that address holds its share already
+    /// while the pool is contended (more than half of it in use). An address alone (an
+    /// application's hosts behind one SNAT address reconnecting after a restart) may use
+    /// half the pool.
     pub fn pending(&self, ip: IpAddr) -> Option<Pending<'_>> {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let contended = self.handshakes.available_permits() < self.max_pending / 2;
         let n = p.entry(ip).or_default();
-        if *n >= self.pending_per_address {
+        if *n >= self.pending_per_address && contended {
             return None;
         }
         *n += 1;
@@ -164,14 +170,10 @@ impl Front {
     /// user has counts like one that exists (a shared count for unknown names would tell
     /// which names exist). The table is bounded all the same (its oldest window goes).
     fn failure_key(&self, ip: IpAddr, user: &str) -> (IpAddr, Who) {
-        use std::hash::{BuildHasher, Hash, Hasher};
+        use std::hash::BuildHasher;
         let who = match self.users.iter().position(|u| u.name == user) {
             Some(i) => Who::User(i),
-            None => {
-                let mut h = self.name_hasher.build_hasher();
-                user.hash(&mut h);
-                Who::Unknown(h.finish())
-            }
+            None => Who::Unknown(self.name_hasher.hash_one(user)),
         };
         (ip, who)
     }

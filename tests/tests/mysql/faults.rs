@@ -348,9 +348,9 @@ async fn a_change_of_user_left_unanswered_is_bounded() {
     );
 }
 
-/// Silent connections flooding the MySQL port from one address hold at most that
-/// address's share of the port's logins in progress (an eighth of
-/// `limits.max_pending_handshakes`) and none of the SDK port's: a MySQL client from
+/// Silent connections flooding the MySQL port from one address hold at most half the
+/// port's logins in progress, and past that their address's share (an eighth of
+/// `limits.max_pending_handshakes`), and none of the SDK port's: a MySQL client from
 /// another address and an SDK client log in at once meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_flood_from_one_address_locks_no_one_else_out() {
@@ -362,12 +362,12 @@ async fn a_silent_flood_from_one_address_locks_no_one_else_out() {
         socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
         flood.push(socket.connect(rig.mysql).await.unwrap());
     }
-    // The first greeting is there: the flood is being served.
-    let mut head = [0u8; 4];
-    tokio::time::timeout(Duration::from_secs(5), flood[0].read_exact(&mut head))
-        .await
-        .expect("a greeting")
-        .unwrap();
+    // Alone, an address may use half the port's logins in progress (32 of 64), beyond its
+    // share of an eighth (8) while the pool is not contended: the first 20 are greeted.
+    for s in flood.iter_mut().take(20) {
+        let greeting = read_packet(s).await.expect("a greeting");
+        assert_eq!(greeting[0], 10, "protocol 10, not an ERR: {greeting:?}");
+    }
     let t = std::time::Instant::now();
     let mut c = rig.conn().await;
     c.query_drop("SELECT 1").await.unwrap();
