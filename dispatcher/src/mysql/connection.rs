@@ -510,7 +510,9 @@ impl Conn {
                 match Cursor(body).u16() {
                     Some(option @ (0 | 1)) => {
                         self.multi_statements = option == 0;
-                        w.packet(&reply::eof(self.status(), 0));
+                        // As on a server, multi-statements bring each result apart.
+                        self.multi_results |= self.multi_statements;
+                        w.packet(&reply::terminator(self.deprecate_eof, self.status(), 0));
                     }
                     _ => w.packet(&reply::err(reply::ER_UNKNOWN_COM, "08S01", "Unknown command")),
                 }
@@ -669,10 +671,12 @@ impl Conn {
     async fn several(&mut self, sql: &str, w: &mut Writer) -> Result<(), Ended> {
         let mut pin = None;
         let mut transaction = false;
-        for part in state::statements(sql) {
+        for (i, part) in state::statements(sql).into_iter().enumerate() {
+            // A ROW_COUNT() after a statement of the same query is the server's to answer;
+            // first, it would read the worker's last statement, not the client's.
             let tracked = state::use_schema(part).is_some()
                 || matches!(parse_set(part), Some(Set::Tracked(_)))
-                || state::counter_query(part).is_some();
+                || (i == 0 && state::counter_query(part).is_some());
             pin = pin
                 .or(state::sticky_reason(part))
                 .or(tracked.then_some("multi_statement"));

@@ -480,9 +480,14 @@ async fn long_data_counts_against_the_ports_statement_budget() {
         p.extend_from_slice(&[0, 1, 0, 0, 0, 0, 1, 0xFC, 0]);
         packet(0, &p)
     };
-    a.write_all(&long(id_a)).await.unwrap();
-    b.write_all(&long(id_b)).await.unwrap();
-    // Both sent before either runs: 6 MiB waiting, the budget is 4.
+    // Each connection's long data, then a COM_PING whose OK says the dispatcher has
+    // taken the long data in (a connection's commands are served in order).
+    for (s, id) in [(&mut a, id_a), (&mut b, id_b)] {
+        s.write_all(&long(id)).await.unwrap();
+        s.write_all(&packet(0, b"\x0e")).await.unwrap();
+        assert_eq!(read_packet(s).await.expect("OK")[0], 0);
+    }
+    // Both taken in before either runs: 6 MiB asked for, the budget is 4.
     a.write_all(&execute(id_a)).await.unwrap();
     let first = read_packet(&mut a).await.expect("a result");
     assert_eq!(first, vec![1], "the first fits: one column");
