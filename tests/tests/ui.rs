@@ -280,6 +280,55 @@ async fn operations_page_in_a_real_browser() -> anyhow::Result<()> {
     let notice = b.eval("return document.getElementById('notice').textContent", json!([]))?;
     assert!(notice.as_str().is_some_and(|n| n.contains("unblock: done")), "{notice}");
 
+    // A slow execution (the embedded default's threshold is 1 s) shows among the slow
+    // log's latest entries, with its text, time and member.
+    client.query("SELECT SLEEP(1.1) AS ui_slow", &[]).await?;
+    let slow = poll(
+        &b,
+        Duration::from_secs(10),
+        "the slow log's latest entry",
+        "const r = [...document.querySelectorAll('#slowlog tr[data-slow]')].find(t => t.textContent.includes('ui_slow')); \
+         return r ? r.textContent : null",
+    )
+    .await?;
+    assert!(
+        slow.as_str()
+            .is_some_and(|t| t.contains("primary") || t.contains("replica")),
+        "{slow}"
+    );
+
+    // Maintenance on and off for replica-2 with its buttons (each behind a confirm()),
+    // which call the ordinary admin route: the cluster view follows.
+    let dr = &d;
+    let maintenance = |on: bool| async move {
+        let v = dr.admin_get("/cluster").await.ok()?;
+        let m = v["clusters"][0]["members"]
+            .as_array()?
+            .iter()
+            .find(|m| m["name"] == "replica-2")?
+            .clone();
+        (m["maintenance"].as_bool() == Some(on)).then_some(())
+    };
+    for on in [true, false] {
+        let button = format!("button[data-action='maintenance'][data-member='replica-2'][data-on='{on}']");
+        poll(
+            &b,
+            Duration::from_secs(10),
+            "replica-2's maintenance button",
+            &format!("return document.querySelector(\"{button}\") ? true : null"),
+        )
+        .await?;
+        b.click(&button)?;
+        let asked = b.accept_prompt(Duration::from_secs(5))?;
+        assert!(asked.contains("replica-2"), "the confirm() names the member: {asked}");
+        wait_for(
+            Duration::from_secs(10),
+            "replica-2's maintenance through the API",
+            || maintenance(on),
+        )
+        .await?;
+    }
+
     // replica-1 stops applying: its delay grows past the threshold, its read slots leave.
     let (_, r1_port) = sandbox_member(&d, "replica-1")?;
     admin_sql(r1_port, "STOP SLAVE SQL_THREAD").await?;

@@ -194,7 +194,11 @@ impl Feed {
             "events": events,
             "digests": top_of(ctx, TOP_SHOWN),
             "throttle": throttle_of(ctx),
-            "slow_log": ctx.policy.slow_log().map(|l| l.status()),
+            "slow_log": ctx.policy.slow_log().map(|l| {
+                let mut v = serde_json::to_value(l.status()).unwrap_or_default();
+                v["latest"] = serde_json::to_value(l.latest()).unwrap_or_default();
+                v
+            }),
             "traffic": self.meter.read(&ctx.metrics, now),
         })
     }

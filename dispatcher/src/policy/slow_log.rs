@@ -129,10 +129,31 @@ pub struct SlowLogStatus {
     pub queued: usize,
 }
 
+/// Slow executions the operations page shows, newest first, and how much of each
+/// statement's text.
+const LATEST: usize = 20;
+const LATEST_SAMPLE: usize = 200;
+
+/// One of the latest slow executions, as the operations page shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatestEntry {
+    /// When it ended, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The digest's id (16 hex digits).
+    pub digest: String,
+    /// The statement's text as sent, cut at 200 bytes.
+    pub sample: String,
+    pub duration_ms: f64,
+    pub rows: u64,
+    pub member: String,
+}
+
 /// The request path's handle: cheap to clone.
 #[derive(Clone)]
 pub struct SlowLog {
     tx: mpsc::Sender<SlowEntry>,
+    /// The latest [`LATEST`] slow executions (each submitted one, written or not).
+    latest: Arc<std::sync::Mutex<std::collections::VecDeque<LatestEntry>>>,
     queued_bytes: Arc<AtomicUsize>,
     channel_bytes: usize,
     sample_bytes: usize,
@@ -159,6 +180,7 @@ impl SlowLog {
         let (tx, rx) = mpsc::channel(settings.channel_capacity.max(1));
         let log = SlowLog {
             tx,
+            latest: Arc::default(),
             queued_bytes: Arc::new(AtomicUsize::new(0)),
             channel_bytes: settings.channel_bytes,
             sample_bytes: settings.sample_bytes,
@@ -182,6 +204,7 @@ impl SlowLog {
         self.counters.submitted.inc();
         truncate(&mut entry.sample, self.sample_bytes);
         truncate(&mut entry.digest_text, 64 * 1024);
+        self.remember(&entry);
         let size = entry.bytes();
         if self.queued_bytes.fetch_add(size, Ordering::Relaxed) + size > self.channel_bytes {
             self.queued_bytes.fetch_sub(size, Ordering::Relaxed);
@@ -209,6 +232,35 @@ impl SlowLog {
             connects: c.connects.get(),
             queued: self.queued(),
         }
+    }
+
+    /// The latest slow executions, newest first.
+    pub fn latest(&self) -> Vec<LatestEntry> {
+        self.latest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn remember(&self, entry: &SlowEntry) {
+        let mut sample = entry.sample.clone();
+        truncate(&mut sample, LATEST_SAMPLE);
+        let latest = LatestEntry {
+            at_ms: entry
+                .at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            digest: osprey_sql::digest_id(entry.digest),
+            sample,
+            duration_ms: entry.duration.as_secs_f64() * 1000.0,
+            rows: entry.rows,
+            member: entry.member.clone(),
+        };
+        let mut l = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        l.push_front(latest);
+        l.truncate(LATEST);
     }
 
     /// Entries queued and not yet taken by the writer.

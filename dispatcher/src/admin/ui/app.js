@@ -410,8 +410,14 @@ function renderPolicy(s) {
       th.map((t) => `<tr><td>${esc(t.member)}</td><td>${fmt(t.max_qps, 0)}/s (burst ${fmt(t.burst, 0)})</td><td>${fmt(t.tokens)}</td><td>${esc(t.waiting)}</td><td>${esc(t.accepted)}</td><td>${esc(t.rejected_full + t.rejected_timeout)}</td></tr>`).join("") + `</tbody></table>`
     : `<p class="muted">No member is throttled.</p>`;
   const sl = s.slow_log;
+  const latest = (sl && sl.latest) || [];
   $("slowlog").innerHTML = sl
-    ? `<span>${esc(sl.written)} written to the slow-log table on the primary, ${esc(sl.queued)} queued, ${esc(sl.dropped_full + sl.dropped_failed)} dropped, ${esc(sl.write_errors)} write errors</span>`
+    ? `<span>${esc(sl.written)} written to the slow-log table on the primary, ${esc(sl.queued)} queued, ${esc(sl.dropped_full + sl.dropped_failed)} dropped, ${esc(sl.write_errors)} write errors</span>` +
+      (latest.length
+        ? `<div class="scroll-x"><table><thead><tr><th>when</th><th>statement</th><th>time</th><th>rows</th><th>member</th></tr></thead><tbody>` +
+          latest.map((e) => `<tr data-slow="${esc(e.digest)}"><td>${esc(new Date(e.at_ms).toLocaleTimeString())}</td><td class="text" title="${esc(e.digest)}">${esc(short(e.sample, 120))}</td><td>${ms(e.duration_ms)}</td><td>${esc(e.rows)}</td><td>${esc(e.member)}</td></tr>`).join("") +
+          `</tbody></table></div>`
+        : "")
     : `<span class="muted">Slow log off.</span>`;
 }
 
