@@ -682,17 +682,8 @@ impl Conn {
                 .or(tracked.then_some("multi_statement"));
             transaction |= osprey_sql::controls_session(part);
         }
-        if (transaction || pin.is_some() || !self.state.autocommit) && self.session.is_none() {
-            if let Err(e) = self.open_session().await {
-                return self.error(w, &e);
-            }
-        }
-        if let Some(reason) = pin {
-            if self.sticky.is_none() {
-                self.front.m().pinned(reason);
-            }
-            self.sticky.get_or_insert(reason);
-            self.registered.info.set_pinned_by(self.sticky);
+        if let Err(e) = self.pin(pin, transaction).await {
+            return self.error(w, &e);
         }
         let mut request = self.request(sql.to_string());
         // A read among writes: the classifier sees one statement.
@@ -704,10 +695,14 @@ impl Conn {
     /// Opens the session `sql` needs, if it needs one: a transaction (its control, or
     /// autocommit off) or state that cannot be tracked (which then pins until reset).
     async fn place(&mut self, sql: &str) -> Result<(), ErrorBody> {
-        let pin = state::sticky_reason(sql);
-        let needs_session =
-            self.session.is_some() || !self.state.autocommit || osprey_sql::controls_session(sql) || pin.is_some();
-        if needs_session && self.session.is_none() {
+        self.pin(state::sticky_reason(sql), osprey_sql::controls_session(sql))
+            .await
+    }
+
+    /// Opens a session if there is none and the statement(s) need one (a transaction,
+    /// autocommit off, state that cannot be tracked: `pin`, which then pins until reset).
+    async fn pin(&mut self, pin: Option<&'static str>, transaction: bool) -> Result<(), ErrorBody> {
+        if self.session.is_none() && (transaction || pin.is_some() || !self.state.autocommit) {
             self.open_session().await?;
         }
         if let Some(reason) = pin {
@@ -1064,18 +1059,13 @@ impl Conn {
             self.in_transaction = in_session && answer.end.in_transaction;
             if !answer.had_rows {
                 let warnings = answer.end.warnings.min(u32::from(u16::MAX)) as u16;
-                let info = answer.end.info.as_deref().unwrap_or("");
-                // CLIENT_FOUND_ROWS: an UPDATE counts the rows it matched.
-                let affected = match (self.found_rows, reply::rows_matched(info)) {
-                    (true, Some(matched)) => matched,
-                    _ => answer.end.affected_rows,
-                };
-                w.packet(&reply::ok_info(
-                    affected,
-                    answer.end.last_insert_id.unwrap_or(0),
+                w.packet(&statement_ok(
+                    answer.end.affected_rows,
+                    answer.end.last_insert_id,
                     self.status(),
                     warnings,
-                    info,
+                    answer.end.info.as_deref(),
+                    self.found_rows,
                 ));
             }
         }
@@ -1317,6 +1307,24 @@ impl Conn {
     }
 }
 
+/// A statement's OK packet. With CLIENT_FOUND_ROWS an UPDATE counts the rows it matched
+/// (read from the server's message), as a server does.
+fn statement_ok(
+    affected: u64,
+    last_insert_id: Option<u64>,
+    status: u16,
+    warnings: u16,
+    info: Option<&str>,
+    found_rows: bool,
+) -> Vec<u8> {
+    let info = info.unwrap_or("");
+    let affected = match (found_rows, reply::rows_matched(info)) {
+        (true, Some(matched)) => matched,
+        _ => affected,
+    };
+    reply::ok_info(affected, last_insert_id.unwrap_or(0), status, warnings, info)
+}
+
 /// Errors after which the session's database state is gone.
 fn is_lost(e: &ErrorBody) -> bool {
     matches!(
@@ -1392,17 +1400,13 @@ impl Sink<'_> {
             w.packet(&reply::terminator(*deprecate_eof, status, warnings));
             return;
         }
-        let info = end.info.as_deref().unwrap_or("");
-        let affected = match (found_rows, reply::rows_matched(info)) {
-            (true, Some(matched)) => matched,
-            _ => end.affected_rows,
-        };
-        w.packet(&reply::ok_info(
-            affected,
-            end.last_insert_id.unwrap_or(0),
+        w.packet(&statement_ok(
+            end.affected_rows,
+            end.last_insert_id,
             status,
             warnings,
-            info,
+            end.info.as_deref(),
+            found_rows,
         ));
     }
 
