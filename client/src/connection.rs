@@ -142,7 +142,7 @@ impl StreamGuard {
     pub async fn recv(&mut self) -> Option<Frame> {
         let frame = self.rx.recv().await?;
         let window = self.conn.shared.window;
-        if window > 0 && matches!(frame.kind, Kind::Columns | Kind::Rows | Kind::ResultEnd) {
+        if window > 0 && matches!(frame.kind, Kind::Columns | Kind::Rows | Kind::RawRows | Kind::ResultEnd) {
             self.consumed += 1;
             if self.consumed >= (window / 2).max(1) || self.credited_at.elapsed() >= CREDIT_EVERY {
                 self.credited_at = Instant::now();

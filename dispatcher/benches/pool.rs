@@ -108,6 +108,7 @@ fn job(f: &Fixture, stream: u32) -> Job {
         opens: None,
         in_session: false,
         multi_results: false,
+        raw_rows: false,
     }
 }
 

@@ -96,6 +96,14 @@ pub fn check_body_of_kind(kind: Kind, payload: Bytes) {
         Kind::Rows => drop(decoded::<Rows>(&frame)),
         Kind::End => drop(decoded::<End>(&frame)),
         Kind::ResultEnd => drop(decoded::<ResultEnd>(&frame)),
+        Kind::RawRows => {
+            if let Ok(rows) = osprey_protocol::raw_rows::decode(&frame.payload) {
+                // Every row lies inside the payload, and encoding them again gives a
+                // body that decodes to the same rows.
+                let again = osprey_protocol::raw_rows::encode(&rows);
+                assert_eq!(osprey_protocol::raw_rows::decode(&again).ok(), Some(rows));
+            }
+        }
         Kind::Error => {
             if let Some(e) = decoded::<ErrorBody>(&frame) {
                 let _ = e.to_string();

@@ -396,6 +396,13 @@ pub struct Request {
     /// sums. Not with `batch`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub multi_results: bool,
+    /// Rows as the database sent them (protocol 1.8): each result set's rows come in
+    /// `RAW_ROWS` frames holding the row packets' payloads, undecoded, instead of `ROWS`:
+    /// the text protocol's rows for a request without `params` that is not `prepared`,
+    /// the binary protocol's otherwise. For a front end that speaks that protocol to its
+    /// own clients and hands the rows on (the MySQL front end).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub raw_rows: bool,
     /// The default database the request runs in (protocol 1.6; absent: the backend's
     /// configured one). The worker changes its session's database first if it differs.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "schema_text")]

@@ -84,6 +84,9 @@ kinds! {
     /// One result of a request that asked for `multi_results` ended, and another follows
     /// (1.7): that result's own counters.
     ResultEnd = 0x16,
+    /// A batch of rows as the database sent them (1.8, only on a stream whose `REQUEST`
+    /// set `raw_rows`): see [`crate::raw_rows`].
+    RawRows = 0x17,
 }
 
 impl Kind {

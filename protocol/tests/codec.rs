@@ -353,6 +353,7 @@ fn kind_codes_are_the_documented_ones() {
         (Kind::Error, 0x14, false),
         (Kind::Session, 0x15, false),
         (Kind::ResultEnd, 0x16, false),
+        (Kind::RawRows, 0x17, false),
     ];
     assert_eq!(Kind::ALL.len(), table.len());
     for (i, &(kind, code, control)) in table.iter().enumerate() {

@@ -155,7 +155,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             any::<bool>(),
             prop::option::of(any::<String>()),
             prop::collection::vec(any::<(String, String)>(), 0..3),
-            any::<(bool, bool, bool)>(),
+            any::<(bool, bool, bool, bool)>(),
         ),
     )
         .prop_map(
@@ -168,7 +168,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 cluster,
                 causal_gtid,
                 (open_session, session),
-                (text_rows, schema, vars, (prepared, prepare_only, multi_results)),
+                (text_rows, schema, vars, (prepared, prepare_only, multi_results, raw_rows)),
             )| Request {
                 sql,
                 params,
@@ -185,6 +185,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 prepared,
                 prepare_only,
                 multi_results,
+                raw_rows,
                 blob_params: Vec::new(),
                 schema,
                 vars,

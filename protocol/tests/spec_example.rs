@@ -241,3 +241,38 @@ fn session_example_matches_protocol_md() {
     let end: End = frames[3].1.body().unwrap();
     assert!(end.in_transaction);
 }
+
+/// The `RAW_ROWS` example (protocol 1.8) in docs/PROTOCOL.md: `SELECT 42, NULL` asked with
+/// `raw_rows`, its one text-protocol row as the server sent it.
+fn raw_rows_example() -> Vec<(&'static str, Frame)> {
+    let row: &[u8] = &[0x02, b'4', b'2', 0xFB];
+    vec![
+        (
+            "REQUEST raw_rows",
+            Frame::new(
+                Kind::Request,
+                1,
+                &Request {
+                    raw_rows: true,
+                    ..Request::sql("SELECT 42, NULL")
+                },
+            ),
+        ),
+        (
+            "RAW_ROWS",
+            Frame::with_payload(Kind::RawRows, 1, raw_rows::encode(&[row]).into()),
+        ),
+    ]
+}
+
+#[test]
+fn raw_rows_example_matches_protocol_md() {
+    assert_in_protocol_md(raw_rows_example());
+    let frames = raw_rows_example();
+    let req: Request = frames[0].1.body().unwrap();
+    assert!(req.raw_rows && req.validate().is_ok());
+    assert_eq!(
+        raw_rows::decode(&frames[1].1.payload).unwrap(),
+        vec![&[0x02, b'4', b'2', 0xFB][..]]
+    );
+}

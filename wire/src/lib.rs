@@ -13,6 +13,8 @@
 //!         match s.next_event().await? {
 //!             Event::Columns(cols) => println!("{} columns", cols.len()),
 //!             Event::Row(row) => println!("{:?}", row.unwrap()),
+//!             // Only for a command marked with `Session::raw_rows`.
+//!             Event::RawRow(packet) => println!("{} bytes", packet.len()),
 //!             Event::End { more_results: false, .. } => break,
 //!             Event::End { .. } => {}
 //!         }

@@ -48,6 +48,9 @@ pub enum Event {
     /// One row of the current result set: text-protocol rows hold [`Value::Bytes`] and
     /// [`Value::NULL`] only; binary-protocol rows hold the values decoded by column type.
     Row(Row),
+    /// One row of a command sent with [`Session::raw_rows`]: the row packet's payload as
+    /// the server sent it, not parsed.
+    RawRow(Bytes),
     /// A result ended: the terminating OK/EOF of a result set, or the OK of a statement
     /// without rows. (For a result set's terminator, `affected_rows` and `last_insert_id`
     /// are 0, as `mysql_common` reads them.)
@@ -68,6 +71,8 @@ struct Pending {
     /// The sequence id the response's first packet carries.
     first_seq: u8,
     started: bool,
+    /// Rows come as [`Event::RawRow`].
+    raw: bool,
 }
 
 #[derive(Debug)]
@@ -355,7 +360,17 @@ impl Session {
             stmt,
             first_seq,
             started: false,
+            raw: false,
         });
+    }
+
+    /// The rows of the command sent last come as [`Event::RawRow`], the packets as the
+    /// server sent them (for a caller that hands them on in the same protocol), instead
+    /// of parsed [`Event::Row`]s. Nothing changes once its response has begun to be read.
+    pub fn raw_rows(&mut self) {
+        if let Some(p) = self.pending.back_mut().filter(|p| !p.started) {
+            p.raw = true;
+        }
     }
 
     /// Writes out everything sent so far. Not needed before [`Session::next_event`], which
@@ -383,6 +398,7 @@ impl Session {
             return Err(Error::Refused("no command is pending".into()));
         };
         let proto = head.proto;
+        let raw = head.raw;
         if !head.started {
             head.started = true;
             self.io.set_read_seq(head.first_seq);
@@ -393,14 +409,14 @@ impl Session {
         self.io.write_now()?;
         loop {
             let packet = self.io.read_packet().await?;
-            if let Some(event) = self.on_packet(proto, packet).await? {
+            if let Some(event) = self.on_packet(proto, raw, packet).await? {
                 return Ok(event);
             }
         }
     }
 
     /// Takes one packet of the head command's response; `None`: nothing to report yet.
-    async fn on_packet(&mut self, proto: Proto, packet: Bytes) -> Result<Option<Event>> {
+    async fn on_packet(&mut self, proto: Proto, raw: bool, packet: Bytes) -> Result<Option<Event>> {
         let Some(&first) = packet.first() else {
             return Err(Error::protocol("an empty packet in a response"));
         };
@@ -478,6 +494,10 @@ impl Session {
                 if self.is_terminator(&packet) {
                     let ok = self.parse_terminator(&packet)?;
                     return Ok(Some(self.end_result(ok)));
+                }
+                if raw {
+                    self.phase = Phase::Rows { cols };
+                    return Ok(Some(Event::RawRow(packet)));
                 }
                 let row = parse_row(proto, &packet, cols.clone())?;
                 self.phase = Phase::Rows { cols };

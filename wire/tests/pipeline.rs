@@ -433,6 +433,7 @@ async fn rows_stream_one_at_a_time() -> anyhow::Result<()> {
                 rows += 1;
                 assert_eq!(r.as_ref(0), Some(&Value::Bytes(rows.to_string().into_bytes())));
             }
+            Event::RawRow(_) => panic!("a raw row nobody asked for"),
             Event::End { more_results, .. } => {
                 assert!(!more_results);
                 break;
@@ -549,7 +550,7 @@ async fn error_in_the_middle_of_rows() -> anyhow::Result<()> {
         let mut rows = 0;
         let e = loop {
             match s.next_event().await {
-                Ok(Event::Row(_)) => rows += 1,
+                Ok(Event::Row(_) | Event::RawRow(_)) => rows += 1,
                 Ok(Event::Columns(_)) => {}
                 Ok(end @ Event::End { .. }) => panic!("{protocol}: no error but {end:?}"),
                 Err(Error::Server(e)) => break e,
@@ -567,5 +568,69 @@ async fn error_in_the_middle_of_rows() -> anyhow::Result<()> {
         other => panic!("expected a syntax error, got {other:?}"),
     }
     assert_eq!(scalar(&mut s, "SELECT 'still fine'").await, "still fine");
+    Ok(())
+}
+
+/// `raw_rows`: the packets of a command's rows as the server sent them, in text and
+/// binary protocol, pipelined between commands whose rows are parsed; each parses to
+/// what the same statement's parsed rows hold.
+#[tokio::test]
+async fn raw_rows_are_the_row_packets_unparsed() -> anyhow::Result<()> {
+    use osprey_wire::mysql_common::io::ParseBuf;
+    use osprey_wire::mysql_common::proto::{Binary, Text};
+    use osprey_wire::mysql_common::row::{Row, RowDeserializer};
+    use osprey_wire::mysql_common::value::ServerSide;
+
+    let sandbox = Sandbox::start(0).await?;
+    let mut s = Session::connect(&opts(sandbox.primary())).await?;
+    let sql = "SELECT seq, IF(seq % 3 = 0, NULL, REPEAT('x', seq)), seq / 7, TIMESTAMP'2020-01-01 00:00:00.123456' - INTERVAL seq DAY \
+               FROM seq_1_to_300";
+    let stmt = s.prepare(sql).await?;
+    // parsed, raw, parsed, raw: text then binary.
+    s.send_query(sql)?;
+    s.send_query(sql)?;
+    s.raw_rows();
+    s.send_execute(&stmt, &[])?;
+    s.send_execute(&stmt, &[])?;
+    s.raw_rows();
+    s.send_query("SELECT 'after'")?;
+    for binary in [false, true] {
+        let parsed = read_response(&mut s).await?;
+        let want = &parsed.results[0].rows;
+        let mut columns = None;
+        let mut raw = Vec::new();
+        loop {
+            match s.next_event().await? {
+                Event::Columns(c) => columns = Some(c),
+                Event::RawRow(packet) => raw.push(packet),
+                Event::Row(_) => panic!("a parsed row where raw ones were asked for"),
+                Event::End { more_results, .. } => {
+                    assert!(!more_results);
+                    break;
+                }
+            }
+        }
+        let columns = columns.expect("a result set");
+        assert_eq!(raw.len(), 300);
+        let got: Vec<Vec<Value>> = raw
+            .iter()
+            .map(|p| {
+                let mut buf = ParseBuf(p);
+                let row: Row = if binary {
+                    buf.parse::<RowDeserializer<ServerSide, Binary>>(columns.clone())
+                        .unwrap()
+                        .into()
+                } else {
+                    buf.parse::<RowDeserializer<ServerSide, Text>>(columns.clone())
+                        .unwrap()
+                        .into()
+                };
+                assert!(buf.is_empty());
+                row.unwrap()
+            })
+            .collect();
+        assert_eq!(&got, want, "binary={binary}");
+    }
+    assert_eq!(read_response(&mut s).await?.texts(), vec!["after"]);
     Ok(())
 }

@@ -376,28 +376,26 @@ impl Executor {
         let started = Instant::now();
         let mut acc = Summary {
             text_rows: request.text_rows,
+            raw_rows: request.raw_rows,
             multi_results: request.multi_results,
             ..Summary::default()
         };
         let result = if request.prepare_only {
             describe(&mut self.conn, &single_sql, &mut out).await
         } else if request.batch.is_empty() {
-            run_statement(
-                &mut self.conn,
-                &single_sql,
-                &request.params,
-                request.prepared,
-                &request.blob_params,
-                &mut out,
-                &mut acc,
-            )
-            .await
+            let how = Send {
+                prepared: request.prepared,
+                blob: &request.blob_params,
+                raw: request.raw_rows,
+            };
+            run_statement(&mut self.conn, &single_sql, &request.params, how, &mut out, &mut acc).await
         } else {
             run_batch(
                 &mut self.conn,
                 &self.tracker,
                 stream,
                 &request.batch,
+                request.raw_rows,
                 &mut out,
                 &mut acc,
             )
@@ -501,6 +499,25 @@ pub(crate) async fn answer(
                 out.link
                     .push(&Frame::new(Kind::ResultEnd, stream, &ResultEnd::default()));
             }
+            match (fault_rows(), acc.raw_rows) {
+                // Test-only, the same: the row kind the request did not ask for.
+                (Some(FaultRows::Unasked), true) => {
+                    out.link
+                        .push(&Frame::new(Kind::Rows, stream, &osprey_protocol::Rows { rows: vec![] }))
+                }
+                (Some(FaultRows::Unasked), false) => out.link.push(&Frame::with_payload(
+                    Kind::RawRows,
+                    stream,
+                    osprey_protocol::raw_rows::encode::<&[u8]>(&[]).into(),
+                )),
+                // A "row" a MySQL client would read as an ERR packet.
+                (Some(FaultRows::NotARow), true) => out.link.push(&Frame::with_payload(
+                    Kind::RawRows,
+                    stream,
+                    osprey_protocol::raw_rows::encode(&[b"\xff\x15\x04#28000forged".as_slice()]).into(),
+                )),
+                _ => {}
+            }
             let end = End {
                 affected_rows: acc.affected_rows,
                 last_insert_id: acc.last_insert_id,
@@ -541,6 +558,26 @@ pub(crate) async fn answer(
 fn unasked_result_end() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("OSPREY_FAULT_UNASKED_RESULT_END").is_ok_and(|v| v == "1"))
+}
+
+/// What a broken worker sends among its rows (test-only, `OSPREY_FAULT_ROWS`).
+#[derive(Clone, Copy, PartialEq)]
+enum FaultRows {
+    /// `unasked`: the row frame kind the request did not ask for (`ROWS` where it asked
+    /// for `RAW_ROWS`, and the other way round), before every `END`.
+    Unasked,
+    /// `not_a_row`: a `RAW_ROWS` whose row is an ERR packet, before every `END` of a
+    /// request that asked for raw rows.
+    NotARow,
+}
+
+fn fault_rows() -> Option<FaultRows> {
+    static ON: std::sync::OnceLock<Option<FaultRows>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("OSPREY_FAULT_ROWS").as_deref() {
+        Ok("unasked") => Some(FaultRows::Unasked),
+        Ok("not_a_row") => Some(FaultRows::NotARow),
+        _ => None,
+    })
 }
 
 /// The error ends the session.
@@ -830,6 +867,8 @@ pub(crate) struct Summary {
     in_transaction: bool,
     /// `REQUEST.text_rows`: text-protocol values go out as the server's bytes.
     pub(crate) text_rows: bool,
+    /// `REQUEST.raw_rows`: rows go out as `RAW_ROWS`.
+    pub(crate) raw_rows: bool,
     /// The last statement's OK message (`END.info`).
     info: Option<String>,
     /// `REQUEST.multi_results`: each result but the last ends with `RESULT_END`, and the
@@ -875,6 +914,7 @@ async fn run_batch(
     tracker: &Tracker,
     stream: u32,
     batch: &[Statement],
+    raw: bool,
     out: &mut Emitter<'_>,
     acc: &mut Summary,
 ) -> Result<(), ExecError> {
@@ -884,7 +924,12 @@ async fn run_batch(
             if let Some(reason) = tracker.reason(stream) {
                 return Err(ExecError::Stopped(reason));
             }
-            run_statement(conn, &st.sql, &st.params, false, &[], out, acc).await?;
+            let how = Send {
+                prepared: false,
+                blob: &[],
+                raw,
+            };
+            run_statement(conn, &st.sql, &st.params, how, out, acc).await?;
         }
         if let Some(reason) = tracker.reason(stream) {
             return Err(ExecError::Stopped(reason));
@@ -915,13 +960,23 @@ async fn run_statement(
     conn: &mut Session,
     sql: &str,
     params: &[Value],
-    prepared: bool,
-    blob: &[u16],
+    how: Send<'_>,
     out: &mut Emitter<'_>,
     acc: &mut Summary,
 ) -> Result<(), ExecError> {
-    send_statement(conn, sql, params, prepared, blob).await?;
+    send_statement(conn, sql, params, how).await?;
     stream_results(conn, out, acc).await
+}
+
+/// How a statement goes to the database, from its REQUEST.
+#[derive(Clone, Copy)]
+pub(crate) struct Send<'a> {
+    /// `REQUEST.prepared`: the binary protocol even without parameters.
+    pub prepared: bool,
+    /// `REQUEST.blob_params`.
+    pub blob: &'a [u16],
+    /// `REQUEST.raw_rows`: its rows are handed on as the server sent them (`RAW_ROWS`).
+    pub raw: bool,
 }
 
 /// `REQUEST.prepare_only`: the statement's parameters (result set 0) and result columns
@@ -936,13 +991,8 @@ async fn describe(conn: &mut Session, sql: &str, out: &mut Emitter<'_>) -> Resul
 /// Sends one statement: `COM_QUERY` without parameters (unless `prepared`), else
 /// `COM_STMT_EXECUTE` of the cached prepared statement (prepared now on a miss: a round
 /// trip).
-async fn send_statement(
-    conn: &mut Session,
-    sql: &str,
-    params: &[Value],
-    prepared: bool,
-    blob: &[u16],
-) -> Result<(), ExecError> {
+async fn send_statement(conn: &mut Session, sql: &str, params: &[Value], how: Send<'_>) -> Result<(), ExecError> {
+    let Send { prepared, blob, raw } = how;
     if params.is_empty() && !prepared {
         conn.send_query(sql)?;
     } else {
@@ -963,6 +1013,9 @@ async fn send_statement(
         let binary = convert::binary_params(params, blob);
         let params: Vec<osprey_wire::Value> = params.iter().map(convert::param).collect();
         conn.send_execute_typed(&stmt, &params, &binary)?;
+    }
+    if raw {
+        conn.raw_rows();
     }
     Ok(())
 }
@@ -1011,6 +1064,14 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
                 kinds = Some(columns.iter().map(ColumnKind::of).collect());
                 out.columns(&columns, conn.columns_kept()).await?;
             }
+            DbEvent::RawRow(packet) => {
+                if kinds.is_none() {
+                    continue;
+                }
+                if let Err(e) = out.raw_row(packet).await {
+                    return Err(drained(conn, e).await);
+                }
+            }
             DbEvent::Row(row) => {
                 let Some(kinds) = &kinds else {
                     continue;
@@ -1026,13 +1087,7 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
                     })
                     .collect();
                 if let Err(e) = out.row(values).await {
-                    if !matches!(e, ExecError::Link(_)) {
-                        match conn.drain().await {
-                            Err(d) if d.is_fatal() => return Err(d.into()),
-                            _ => {}
-                        }
-                    }
-                    return Err(e);
+                    return Err(drained(conn, e).await);
                 }
             }
             DbEvent::End { ok, more_results } => {
@@ -1073,6 +1128,19 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
             }
         }
     }
+}
+
+/// A row could not go out (`e`): unless the link is gone, the rest of the response is
+/// read and dropped, so that the session stays in step; a fatal error doing so wins.
+async fn drained(conn: &mut Session, e: ExecError) -> ExecError {
+    if !matches!(e, ExecError::Link(_)) {
+        if let Err(d) = conn.drain().await {
+            if d.is_fatal() {
+                return d.into();
+            }
+        }
+    }
+    e
 }
 
 /// The wire answer for a failure, and whether the session survives it.
@@ -1149,6 +1217,8 @@ pub(crate) struct Emitter<'o> {
     limits: BatchLimits,
     next_result_set: u32,
     rows: Vec<Vec<Value>>,
+    /// Rows as the server sent them (`REQUEST.raw_rows`), for a `RAW_ROWS` frame.
+    raw: Vec<bytes::Bytes>,
     bytes: usize,
     sent_rows: u64,
     /// Result sets and rows are dropped, not sent (a pipelined statement cancelled before
@@ -1176,6 +1246,7 @@ impl<'o> Emitter<'o> {
             limits,
             next_result_set: 0,
             rows: Vec::new(),
+            raw: Vec::new(),
             bytes: 0,
             sent_rows: 0,
             discarding: false,
@@ -1206,15 +1277,39 @@ impl<'o> Emitter<'o> {
             return Ok(());
         }
         let size = 5 + row.iter().map(convert::encoded_size_bound).sum::<usize>();
+        self.make_room(size, self.rows.len()).await?;
+        self.rows.push(row);
+        self.joined(size, self.rows.len()).await
+    }
+
+    /// [`Emitter::row`] for a row handed on undecoded (`RAW_ROWS`), batched by the same
+    /// limits.
+    async fn raw_row(&mut self, packet: bytes::Bytes) -> Result<(), ExecError> {
+        if self.discarding {
+            return Ok(());
+        }
+        let size = osprey_protocol::raw_rows::row_size(packet.len());
+        self.make_room(size, self.raw.len()).await?;
+        self.raw.push(packet);
+        self.joined(size, self.raw.len()).await
+    }
+
+    /// Before a row of `size` bytes joins a batch of `held` rows: a row no frame can hold
+    /// fails the statement; one the batch has no room for sends the batch first.
+    async fn make_room(&mut self, size: usize, held: usize) -> Result<(), ExecError> {
         if size > self.limits.max_payload.saturating_sub(FRAME_SLACK) {
             return Err(ExecError::RowTooLarge(size));
         }
-        if !self.rows.is_empty() && self.bytes + size > self.byte_limit() {
+        if held > 0 && self.bytes + size > self.byte_limit() {
             self.flush_batch().await?;
         }
-        self.rows.push(row);
+        Ok(())
+    }
+
+    /// After a row of `size` bytes joined, the batch holding `held` rows: a full batch goes.
+    async fn joined(&mut self, size: usize, held: usize) -> Result<(), ExecError> {
         self.bytes += size;
-        if self.rows.len() >= self.limits.rows.max(1) || self.bytes >= self.byte_limit() {
+        if held >= self.limits.rows.max(1) || self.bytes >= self.byte_limit() {
             self.flush_batch().await?;
         }
         Ok(())
@@ -1241,6 +1336,14 @@ impl<'o> Emitter<'o> {
             self.bytes = 0;
             self.link.push(&Frame::new(Kind::Rows, self.stream, &rows));
         }
+        if !self.raw.is_empty() {
+            let payload = osprey_protocol::raw_rows::encode(&self.raw);
+            self.sent_rows += self.raw.len() as u64;
+            self.raw.clear();
+            self.bytes = 0;
+            self.link
+                .push(&Frame::with_payload(Kind::RawRows, self.stream, payload.into()));
+        }
         if flush {
             self.link.flush().await?;
         }
@@ -1259,6 +1362,7 @@ impl<'o> Emitter<'o> {
 
     fn discard(&mut self) {
         self.rows.clear();
+        self.raw.clear();
         self.bytes = 0;
     }
 

@@ -81,6 +81,7 @@ pub async fn admit(
     let timeout = (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms));
     let job = Job {
         multi_results: request.multi_results,
+        raw_rows: request.raw_rows,
         ..Job::new(guard, cancel, frame, timeout, ctx.queue_timeout(), digest)
     };
     throttle::then_submit(ctx, &group, job).await;

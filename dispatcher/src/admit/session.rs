@@ -336,6 +336,7 @@ pub async fn statement(
     let job = Job {
         in_session: true,
         multi_results: request.multi_results,
+        raw_rows: request.raw_rows,
         ..Job::new(guard, cancel, frame, timeout, ctx.queue_timeout(), digest)
     };
     // In order: behind the session's statements that wait for a token, even with one at

@@ -921,6 +921,10 @@ impl Conn {
         Request {
             sql,
             text_rows: true,
+            // The rows go to the client as the server sent them (issue 23 item 9): the
+            // same protocol (text for COM_QUERY, binary for a prepared statement) on both
+            // sides, and only the packet headers are the dispatcher's.
+            raw_rows: true,
             schema: self.state.schema.clone(),
             vars: self.state.request_vars(self.session.is_some()),
             cluster: self.cluster.clone(),
@@ -996,6 +1000,12 @@ impl Conn {
                     let rows: Rows = frame.body().map_err(bad)?;
                     if let Some(sink) = sink {
                         sink.rows(&rows).await?;
+                    }
+                }
+                Kind::RawRows => {
+                    let rows = osprey_protocol::raw_rows::decode(&frame.payload).map_err(bad)?;
+                    if let Some(sink) = sink {
+                        sink.raw_rows(&rows).await?;
                     }
                 }
                 Kind::ResultEnd => {
@@ -1408,6 +1418,38 @@ impl Sink<'_> {
             end.info.as_deref(),
             found_rows,
         ));
+    }
+
+    /// Rows as the server sent them to the worker (`RAW_ROWS`), each one packet to the
+    /// client. A packet no server sends as a row (one a client would read as the result's
+    /// end or an error) is a broken worker's: the connection ends rather than pass it on.
+    async fn raw_rows(&mut self, rows: &[&[u8]]) -> Result<(), Ended> {
+        if let Sink::Client { w, binary, .. } = self {
+            for row in rows {
+                let ok = match row.first() {
+                    // A binary row's header.
+                    Some(&b) if *binary => b == 0x00,
+                    // A text row starts with a value's length (0xFE: an 8-byte one, for a
+                    // value of 16 MiB or more) or NULL (0xFB); never 0xFF, never a short
+                    // 0xFE packet (EOF).
+                    Some(&0xFF) | None => false,
+                    Some(&0xFE) => row.len() >= 9,
+                    Some(_) => true,
+                };
+                if !ok {
+                    return Err(Ended::Internal(format!(
+                        "a worker sent a row packet no server sends (first byte {:#04x?}, {} bytes)",
+                        row.first(),
+                        row.len()
+                    )));
+                }
+                w.packet(row);
+                if w.buffered() >= Writer::HIGH_WATER {
+                    w.flush().await?;
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn rows(&mut self, rows: &Rows) -> Result<(), Ended> {

@@ -45,6 +45,9 @@ pub struct Job {
     /// Its REQUEST asked for each result apart (`multi_results`, protocol 1.7): only then
     /// may the worker send `RESULT_END` on it.
     pub multi_results: bool,
+    /// Its REQUEST asked for rows undecoded (`raw_rows`, protocol 1.8): only then may the
+    /// worker send `RAW_ROWS` on it, and never `ROWS`.
+    pub raw_rows: bool,
 }
 
 /// What a job that opens a session carries to the worker link that pins it.
@@ -82,6 +85,7 @@ impl Job {
             opens: None,
             in_session: false,
             multi_results: false,
+            raw_rows: false,
         }
     }
 

@@ -361,7 +361,7 @@ impl StreamGuard {
         debug_assert!(
             credit.is_some()
                 || self.credit.is_none()
-                || !matches!(frame.kind, Kind::Columns | Kind::Rows | Kind::ResultEnd),
+                || !matches!(frame.kind, Kind::Columns | Kind::Rows | Kind::RawRows | Kind::ResultEnd),
             "a data frame without credit"
         );
         let Some(slot) = self.shared.out.reserve(frame.payload.len()).await else {

@@ -140,10 +140,16 @@ async fn the_worker_socket_bounds_frames_before_hello() {
 /// violation).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_end_nobody_asked_for_is_a_broken_worker() {
+    a_worker_that_answers_select_1_so_is_replaced(("OSPREY_FAULT_UNASKED_RESULT_END", "1")).await;
+}
+
+/// A worker run with the test-only fault `env` breaks the protocol answering `SELECT 1`:
+/// the request ends `WORKER_LOST`, and the worker is replaced.
+async fn a_worker_that_answers_select_1_so_is_replaced(env: (&str, &str)) {
     let _serial = serial().await;
     let c = cluster("").await;
     let config = osprey_tests::harness::Dispatcher::config_for(c.sandbox.primary(), "[pool]\nsize = 1\n");
-    let d = Dispatcher::spawn_with_env(config, &[("OSPREY_FAULT_UNASKED_RESULT_END", "1")]).unwrap();
+    let d = Dispatcher::spawn_with_env(config, &[env]).unwrap();
     d.wait_idle(1, Duration::from_secs(30)).await.unwrap();
     let client = d.client().await.unwrap();
     let e = client
@@ -158,4 +164,53 @@ async fn a_result_end_nobody_asked_for_is_a_broken_worker() {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0.0);
     assert!(kills >= 1.0, "the worker was replaced: {m}");
+}
+
+/// Issue 23 item 9: a worker that sends a row frame its request did not ask for (`ROWS`
+/// where `raw_rows` asked for `RAW_ROWS`, `RAW_ROWS` where it did not) is a broken
+/// worker: replaced, the request answered `WORKER_LOST`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_rows_nobody_asked_for_are_a_broken_workers() {
+    // The SDK asks for ROWS: the worker adds an empty RAW_ROWS.
+    a_worker_that_answers_select_1_so_is_replaced(("OSPREY_FAULT_ROWS", "unasked")).await;
+}
+
+/// Issue 23 item 9: the MySQL front end hands the worker's row packets on, but not one a
+/// client would read as something else (here an ERR packet a broken worker passes off as
+/// a row): that connection ends with the statement unanswered, nothing forged reaches
+/// the client, and the dispatcher goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_row_that_is_not_a_row_never_reaches_a_mysql_client() {
+    use mysql_async::prelude::Queryable;
+    let _serial = serial().await;
+    let c = cluster("").await;
+    let mysql = osprey_tests::harness::free_addr();
+    let password = "rows-Secret-1";
+    let overrides = format!(
+        "[pool]\nsize = 1\n[mysql]\nlisten = \"{mysql}\"\n[[mysql.users]]\nname = \"app\"\nnative_hash = \"{}\"\n",
+        osprey_protocol::mysql_auth::native_hash(password)
+    );
+    let config = osprey_tests::harness::Dispatcher::config_for(c.sandbox.primary(), &overrides);
+    let d = Dispatcher::spawn_with_env(config, &[("OSPREY_FAULT_ROWS", "not_a_row")]).unwrap();
+    d.wait_idle(1, Duration::from_secs(30)).await.unwrap();
+    let opts = mysql_async::OptsBuilder::default()
+        .ip_or_hostname(mysql.ip().to_string())
+        .tcp_port(mysql.port())
+        .user(Some("app"))
+        .pass(Some(password))
+        // Given, so that the driver asks the server nothing at login (each such query
+        // would meet the broken worker).
+        .max_allowed_packet(Some(16 << 20))
+        .wait_timeout(Some(28_800))
+        .prefer_socket(false);
+    let mut conn = mysql_async::Conn::new(opts).await.expect("logs in");
+    let r: Result<Vec<mysql_async::Row>, _> = conn.query("SELECT 1").await;
+    match r {
+        Err(mysql_async::Error::Server(e)) => panic!("the forged ERR reached the client: {e}"),
+        Err(_) => {}
+        Ok(rows) => panic!("a forged row was answered as a result: {rows:?}"),
+    }
+    // The SDK's requests ask for ROWS, which this worker sends right.
+    let client = d.client().await.unwrap();
+    client.query("SELECT 41 + 1", &[]).await.expect("served");
 }

@@ -68,6 +68,7 @@ pub async fn read_response(s: &mut Session) -> Result<Response, Error> {
         match s.next_event().await {
             Ok(Event::Columns(c)) => columns = Some(c),
             Ok(Event::Row(r)) => rows.push(r.unwrap()),
+            Ok(Event::RawRow(_)) => panic!("a raw row nobody asked for"),
             Ok(Event::End { ok, more_results }) => {
                 results.push(ResultSet {
                     columns: columns.take(),

@@ -71,7 +71,7 @@ use tracing::{debug, warn};
 
 use super::{
     answer, is_fatal, reset_session, send_statement, stop_code, stream_results, Checked, Emitter, ExecError, Executor,
-    Outcome, Summary,
+    Outcome, Send, Summary,
 };
 use crate::link::{LinkGone, LinkOut, Queue};
 
@@ -145,15 +145,14 @@ impl Executor {
                 debug!(error = %e, "preparing a pipeline variant failed");
             }
         }
-        let unsent = send_statement(
-            &mut self.conn,
-            &head.sql,
-            &head.request.params,
-            head.request.prepared,
-            &head.request.blob_params,
-        )
-        .await
-        .err();
+        let how = Send {
+            prepared: head.request.prepared,
+            blob: &head.request.blob_params,
+            raw: head.request.raw_rows,
+        };
+        let unsent = send_statement(&mut self.conn, &head.sql, &head.request.params, how)
+            .await
+            .err();
         let mut slots = VecDeque::from([Slot { checked: head, unsent }]);
         let mut answered = 0u64;
         // Statements answered only after the session is rolled back (see the rules).
@@ -177,6 +176,7 @@ impl Executor {
             let started = Instant::now();
             let mut acc = Summary {
                 text_rows: slot.checked.request.text_rows,
+                raw_rows: slot.checked.request.raw_rows,
                 multi_results: slot.checked.request.multi_results,
                 ..Summary::default()
             };
@@ -375,6 +375,9 @@ impl Executor {
                     self.conn.send_execute_typed(stmt, &params, &binary)
                 }
             };
+            if sent.is_ok() && c.request.raw_rows {
+                self.conn.raw_rows();
+            }
             debug!(stream = c.stream, behind = slots.len() + 1, "pipelined");
             let fast = self.speeds.is_fast(&c.request.sql);
             slots.push_back(Slot {

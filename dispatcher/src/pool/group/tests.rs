@@ -86,6 +86,7 @@ impl Fixture {
             opens: None,
             in_session: false,
             multi_results: false,
+            raw_rows: false,
         }
     }
 
@@ -722,6 +723,7 @@ fn gauges_add_up_over_groups() {
         opens: None,
         in_session: false,
         multi_results: false,
+        raw_rows: false,
     };
     assert!(groups[0].submit(job).is_ok());
     assert_eq!(metrics.queue_depth.get(), 1);

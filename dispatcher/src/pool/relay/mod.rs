@@ -93,6 +93,9 @@ struct Current {
     /// The request asked for `RESULT_END`s (`multi_results`): without it one is a broken
     /// worker's.
     multi_results: bool,
+    /// The request asked for `RAW_ROWS` instead of `ROWS` (`raw_rows`): the other kind is
+    /// a broken worker's.
+    raw_rows: bool,
 }
 
 /// A cancelled request whose statement was still running at `cancel_grace_ms`. MariaDB may
@@ -324,6 +327,7 @@ impl Relay {
             opens: None,
             in_session: false,
             multi_results: cur.multi_results,
+            raw_rows: cur.raw_rows,
         };
         give_back_counted(&self.env, &self.pool, job, false);
     }

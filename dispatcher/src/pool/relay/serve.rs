@@ -261,20 +261,26 @@ impl Relay {
             return Ok(());
         }
         match frame.kind {
-            Kind::Columns | Kind::Rows | Kind::ResultEnd if drain.is_some() => {
+            Kind::Columns | Kind::Rows | Kind::RawRows | Kind::ResultEnd if drain.is_some() => {
                 if Some(frame.stream) != head {
                     return Err(LinkError::WrongStream);
                 }
             }
-            Kind::Columns | Kind::Rows | Kind::ResultEnd => {
+            Kind::Columns | Kind::Rows | Kind::RawRows | Kind::ResultEnd => {
                 let Some(cur) = current.as_mut() else {
                     return Err(LinkError::NoRequest);
                 };
                 if Some(frame.stream) != head {
                     return Err(LinkError::WrongStream);
                 }
-                if frame.kind == Kind::ResultEnd && !cur.multi_results {
-                    // Never sent on a stream that did not ask for it (docs/PROTOCOL.md).
+                // Never sent on a stream that did not ask for it (docs/PROTOCOL.md).
+                let unasked = match frame.kind {
+                    Kind::ResultEnd => !cur.multi_results,
+                    Kind::RawRows => !cur.raw_rows,
+                    Kind::Rows => cur.raw_rows,
+                    _ => false,
+                };
+                if unasked {
                     return Err(LinkError::UnexpectedKind);
                 }
                 cur.guard.set_dispatched();
@@ -511,6 +517,7 @@ impl Relay {
             digest: job.digest,
             request: job.frame,
             multi_results: job.multi_results,
+            raw_rows: job.raw_rows,
         }
     }
 
