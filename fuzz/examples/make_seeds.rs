@@ -376,6 +376,14 @@ fn sample_frames() -> Vec<(String, Frame)> {
             ),
         ),
         (
+            "raw-rows",
+            Frame::with_payload(
+                Kind::RawRows,
+                1,
+                osprey_protocol::raw_rows::encode(&[&[0x02, b'4', b'2', 0xFB][..], &[0x00, 0x04, 0x2A][..]]).into(),
+            ),
+        ),
+        (
             "end",
             Frame::new(
                 Kind::End,
@@ -389,6 +397,7 @@ fn sample_frames() -> Vec<(String, Frame)> {
                     queue_time_us: 25,
                     gtid: None,
                     in_transaction: true,
+                    info: Some("Rows matched: 3  Changed: 3  Warnings: 1".into()),
                 },
             ),
         ),
