@@ -302,7 +302,7 @@ pub struct Cancel {
 }
 
 /// `WINDOW` (client → dispatcher, on an open stream): the dispatcher may send `increment`
-/// more data frames (`COLUMNS`, `ROWS`) on this stream. `ERROR` and `END` never need
+/// more data frames (`COLUMNS`, `ROWS`, `RESULT_END`, `RAW_ROWS`) on this stream. `ERROR` and `END` never need
 /// credit. A `WINDOW` for a stream that is no longer open is ignored (it crossed `END`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
@@ -398,9 +398,10 @@ pub struct Request {
     pub multi_results: bool,
     /// Rows as the database sent them (protocol 1.8): each result set's rows come in
     /// `RAW_ROWS` frames holding the row packets' payloads, undecoded, instead of `ROWS`:
-    /// the text protocol's rows for a request without `params` that is not `prepared`,
-    /// the binary protocol's otherwise. For a front end that speaks that protocol to its
-    /// own clients and hands the rows on (the MySQL front end).
+    /// the text protocol's rows for a statement run without parameters that is not
+    /// `prepared`, the binary protocol's otherwise. For a front end that speaks that
+    /// protocol to its own clients and hands the rows on (the MySQL front end). A peer
+    /// before 1.8 answers `ROWS`: the asker takes those too.
     #[serde(default, skip_serializing_if = "is_false")]
     pub raw_rows: bool,
     /// The default database the request runs in (protocol 1.6; absent: the backend's

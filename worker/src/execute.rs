@@ -500,21 +500,17 @@ pub(crate) async fn answer(
                     .push(&Frame::new(Kind::ResultEnd, stream, &ResultEnd::default()));
             }
             match (fault_rows(), acc.raw_rows) {
-                // Test-only, the same: the row kind the request did not ask for.
-                (Some(FaultRows::Unasked), true) => {
-                    out.link
-                        .push(&Frame::new(Kind::Rows, stream, &osprey_protocol::Rows { rows: vec![] }))
-                }
+                // Test-only, the same: RAW_ROWS nobody asked for.
                 (Some(FaultRows::Unasked), false) => out.link.push(&Frame::with_payload(
                     Kind::RawRows,
                     stream,
                     osprey_protocol::raw_rows::encode::<&[u8]>(&[]).into(),
                 )),
-                // A "row" a MySQL client would read as an ERR packet.
-                (Some(FaultRows::NotARow), true) => out.link.push(&Frame::with_payload(
+                // A "row" a MySQL client would read as an ERR packet, or as the result's end.
+                (Some(FaultRows::NotARow(forged)), true) => out.link.push(&Frame::with_payload(
                     Kind::RawRows,
                     stream,
-                    osprey_protocol::raw_rows::encode(&[b"\xff\x15\x04#28000forged".as_slice()]).into(),
+                    osprey_protocol::raw_rows::encode(&[forged]).into(),
                 )),
                 _ => {}
             }
@@ -561,21 +557,23 @@ fn unasked_result_end() -> bool {
 }
 
 /// What a broken worker sends among its rows (test-only, `OSPREY_FAULT_ROWS`).
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum FaultRows {
-    /// `unasked`: the row frame kind the request did not ask for (`ROWS` where it asked
-    /// for `RAW_ROWS`, and the other way round), before every `END`.
+    /// `unasked`: an empty `RAW_ROWS` before every `END` of a request that did not ask
+    /// for raw rows.
     Unasked,
-    /// `not_a_row`: a `RAW_ROWS` whose row is an ERR packet, before every `END` of a
-    /// request that asked for raw rows.
-    NotARow,
+    /// `not_a_row` / `eof_row`: a `RAW_ROWS` whose row is an ERR packet / a 9-byte `0xFE`
+    /// packet (the result's end to a client), before every `END` of a request that asked
+    /// for raw rows.
+    NotARow(&'static [u8]),
 }
 
 fn fault_rows() -> Option<FaultRows> {
     static ON: std::sync::OnceLock<Option<FaultRows>> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match std::env::var("OSPREY_FAULT_ROWS").as_deref() {
         Ok("unasked") => Some(FaultRows::Unasked),
-        Ok("not_a_row") => Some(FaultRows::NotARow),
+        Ok("not_a_row") => Some(FaultRows::NotARow(b"\xff\x15\x04#28000forged")),
+        Ok("eof_row") => Some(FaultRows::NotARow(b"\xfe\x00\x00\x02\x00\x00\x00\x00\x00")),
         _ => None,
     })
 }

@@ -31,7 +31,7 @@ use osprey_mysql::reply::{self, SERVER_STATUS_AUTOCOMMIT, SERVER_STATUS_IN_TRANS
 use osprey_mysql::state::{self, ClientState};
 
 use super::login::{self, Login};
-use super::packet::{PacketError, PacketReader, PacketWriter};
+use super::packet::{PacketError, PacketReader, PacketWriter, MAX_PAYLOAD};
 use super::Front;
 use crate::admit::admit;
 use crate::admit::session::Sessions;
@@ -996,6 +996,14 @@ impl Conn {
                     }
                     answer.had_rows = true;
                 }
+                // Rows only inside a result set: written anywhere else, a row would read as
+                // something else to the client (an OK, a LOCAL INFILE request).
+                Kind::Rows | Kind::RawRows if !answer.had_rows => {
+                    return Err(Ended::Internal(format!(
+                        "bad frame from a worker: {} outside a result set",
+                        frame.kind.name()
+                    )));
+                }
                 Kind::Rows => {
                     let rows: Rows = frame.body().map_err(bad)?;
                     if let Some(sink) = sink {
@@ -1430,10 +1438,11 @@ impl Sink<'_> {
                     // A binary row's header.
                     Some(&b) if *binary => b == 0x00,
                     // A text row starts with a value's length (0xFE: an 8-byte one, for a
-                    // value of 16 MiB or more) or NULL (0xFB); never 0xFF, never a short
-                    // 0xFE packet (EOF).
+                    // value of 16 MiB or more) or NULL (0xFB); never 0xFF, never a 0xFE
+                    // packet under 16 MiB (a client reads one as the result's end, an EOF or,
+                    // with DEPRECATE_EOF, an OK).
                     Some(&0xFF) | None => false,
-                    Some(&0xFE) => row.len() >= 9,
+                    Some(&0xFE) => row.len() >= MAX_PAYLOAD,
                     Some(_) => true,
                 };
                 if !ok {

@@ -46,7 +46,7 @@ pub struct Job {
     /// may the worker send `RESULT_END` on it.
     pub multi_results: bool,
     /// Its REQUEST asked for rows undecoded (`raw_rows`, protocol 1.8): only then may the
-    /// worker send `RAW_ROWS` on it, and never `ROWS`.
+    /// worker send `RAW_ROWS` on it (a worker before 1.8 sends `ROWS` still).
     pub raw_rows: bool,
 }
 

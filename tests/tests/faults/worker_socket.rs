@@ -166,9 +166,8 @@ async fn a_worker_that_answers_select_1_so_is_replaced(env: (&str, &str)) {
     assert!(kills >= 1.0, "the worker was replaced: {m}");
 }
 
-/// Issue 23 item 9: a worker that sends a row frame its request did not ask for (`ROWS`
-/// where `raw_rows` asked for `RAW_ROWS`, `RAW_ROWS` where it did not) is a broken
-/// worker: replaced, the request answered `WORKER_LOST`.
+/// Issue 23 item 9: a worker that sends `RAW_ROWS` on a stream whose request did not ask
+/// for them (`raw_rows`) is a broken worker: replaced, the request answered `WORKER_LOST`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_rows_nobody_asked_for_are_a_broken_workers() {
     // The SDK asks for ROWS: the worker adds an empty RAW_ROWS.
@@ -184,33 +183,37 @@ async fn a_raw_row_that_is_not_a_row_never_reaches_a_mysql_client() {
     use mysql_async::prelude::Queryable;
     let _serial = serial().await;
     let c = cluster("").await;
-    let mysql = osprey_tests::harness::free_addr();
-    let password = "rows-Secret-1";
-    let overrides = format!(
-        "[pool]\nsize = 1\n[mysql]\nlisten = \"{mysql}\"\n[[mysql.users]]\nname = \"app\"\nnative_hash = \"{}\"\n",
-        osprey_protocol::mysql_auth::native_hash(password)
-    );
-    let config = osprey_tests::harness::Dispatcher::config_for(c.sandbox.primary(), &overrides);
-    let d = Dispatcher::spawn_with_env(config, &[("OSPREY_FAULT_ROWS", "not_a_row")]).unwrap();
-    d.wait_idle(1, Duration::from_secs(30)).await.unwrap();
-    let opts = mysql_async::OptsBuilder::default()
-        .ip_or_hostname(mysql.ip().to_string())
-        .tcp_port(mysql.port())
-        .user(Some("app"))
-        .pass(Some(password))
-        // Given, so that the driver asks the server nothing at login (each such query
-        // would meet the broken worker).
-        .max_allowed_packet(Some(16 << 20))
-        .wait_timeout(Some(28_800))
-        .prefer_socket(false);
-    let mut conn = mysql_async::Conn::new(opts).await.expect("logs in");
-    let r: Result<Vec<mysql_async::Row>, _> = conn.query("SELECT 1").await;
-    match r {
-        Err(mysql_async::Error::Server(e)) => panic!("the forged ERR reached the client: {e}"),
-        Err(_) => {}
-        Ok(rows) => panic!("a forged row was answered as a result: {rows:?}"),
+    // An ERR packet passed off as a row, then a 9-byte 0xFE packet (to a client with
+    // DEPRECATE_EOF, as mysql_async, the result's OK terminator).
+    for fault in ["not_a_row", "eof_row"] {
+        let mysql = osprey_tests::harness::free_addr();
+        let password = "rows-Secret-1";
+        let overrides = format!(
+            "[pool]\nsize = 1\n[mysql]\nlisten = \"{mysql}\"\n[[mysql.users]]\nname = \"app\"\nnative_hash = \"{}\"\n",
+            osprey_protocol::mysql_auth::native_hash(password)
+        );
+        let config = osprey_tests::harness::Dispatcher::config_for(c.sandbox.primary(), &overrides);
+        let d = Dispatcher::spawn_with_env(config, &[("OSPREY_FAULT_ROWS", fault)]).unwrap();
+        d.wait_idle(1, Duration::from_secs(30)).await.unwrap();
+        let opts = mysql_async::OptsBuilder::default()
+            .ip_or_hostname(mysql.ip().to_string())
+            .tcp_port(mysql.port())
+            .user(Some("app"))
+            .pass(Some(password))
+            // Given, so that the driver asks the server nothing at login (each such query
+            // would meet the broken worker).
+            .max_allowed_packet(Some(16 << 20))
+            .wait_timeout(Some(28_800))
+            .prefer_socket(false);
+        let mut conn = mysql_async::Conn::new(opts).await.expect("logs in");
+        let r: Result<Vec<mysql_async::Row>, _> = conn.query("SELECT 1").await;
+        match r {
+            Err(mysql_async::Error::Server(e)) => panic!("{fault}: the forged ERR reached the client: {e}"),
+            Err(_) => {}
+            Ok(rows) => panic!("{fault}: a forged packet ended the result: {rows:?}"),
+        }
+        // The SDK's requests ask for ROWS, which this worker sends right.
+        let client = d.client().await.unwrap();
+        client.query("SELECT 41 + 1", &[]).await.expect("served");
     }
-    // The SDK's requests ask for ROWS, which this worker sends right.
-    let client = d.client().await.unwrap();
-    client.query("SELECT 41 + 1", &[]).await.expect("served");
 }

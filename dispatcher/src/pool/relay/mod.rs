@@ -93,7 +93,7 @@ struct Current {
     /// The request asked for `RESULT_END`s (`multi_results`): without it one is a broken
     /// worker's.
     multi_results: bool,
-    /// The request asked for `RAW_ROWS` instead of `ROWS` (`raw_rows`): the other kind is
+    /// The request asked for `RAW_ROWS` instead of `ROWS` (`raw_rows`): without it one is
     /// a broken worker's.
     raw_rows: bool,
 }

@@ -273,11 +273,11 @@ impl Relay {
                 if Some(frame.stream) != head {
                     return Err(LinkError::WrongStream);
                 }
-                // Never sent on a stream that did not ask for it (docs/PROTOCOL.md).
+                // Never sent on a stream that did not ask for it (docs/PROTOCOL.md). (ROWS
+                // where RAW_ROWS were asked for is a worker before 1.8: the asker takes both.)
                 let unasked = match frame.kind {
                     Kind::ResultEnd => !cur.multi_results,
                     Kind::RawRows => !cur.raw_rows,
-                    Kind::Rows => cur.raw_rows,
                     _ => false,
                 };
                 if unasked {
