@@ -398,6 +398,7 @@ fn sample_frames() -> Vec<(String, Frame)> {
                     gtid: None,
                     in_transaction: true,
                     info: Some("Rows matched: 3  Changed: 3  Warnings: 1".into()),
+                    autocommit: Some(false),
                 },
             ),
         ),

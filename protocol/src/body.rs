@@ -563,6 +563,12 @@ pub struct End {
     /// 1.6), e.g. `Rows matched: 2  Changed: 1  Warnings: 0`. Absent when it gave none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub info: Option<String>,
+    /// Whether autocommit was on after the request's last statement (protocol 1.8: the
+    /// server's `SERVER_STATUS_AUTOCOMMIT`). In a session it follows what the statements
+    /// did (`SET autocommit = 0` among several statements); outside one it is always on.
+    /// Absent: not known (an older worker, or no statement ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autocommit: Option<bool>,
 }
 
 /// `RESULT_END` (worker → dispatcher → client, protocol 1.7): on a stream whose `REQUEST`
@@ -585,6 +591,9 @@ pub struct ResultEnd {
     /// In a session: a transaction is open after this result (`SERVER_STATUS_IN_TRANS`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub in_transaction: bool,
+    /// Whether autocommit was on after this result (protocol 1.8, as `END.autocommit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autocommit: Option<bool>,
 }
 
 /// What became of a session's transaction when the session ended without the client

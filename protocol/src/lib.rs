@@ -31,7 +31,8 @@ pub const PROTOCOL_MAJOR: u16 = 1;
 /// 1.5 sessions (`REQUEST.open_session`/`session`, `SESSION`, `RESET`, `END.in_transaction`,
 /// `ERROR.transaction`); 1.6 what a front end needs (`REQUEST.text_rows`, `prepared`,
 /// `prepare_only`, `schema`, `vars`); 1.7 each result apart (`REQUEST.multi_results`,
-/// `RESULT_END`); 1.8 rows handed on undecoded (`REQUEST.raw_rows`, `RAW_ROWS`).
+/// `RESULT_END`); 1.8 rows handed on undecoded (`REQUEST.raw_rows`, `RAW_ROWS`) and the
+/// server's autocommit status (`END.autocommit`, `RESULT_END.autocommit`).
 pub const PROTOCOL_MINOR: u16 = 8;
 
 /// The most requests a dispatcher writes to one worker before the first of them has

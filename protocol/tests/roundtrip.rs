@@ -224,7 +224,12 @@ fn arb_end() -> impl Strategy<Value = End> {
         any::<u64>(),
         any::<u64>(),
         any::<u64>(),
-        (opt_string(), any::<bool>(), opt_string()),
+        (
+            opt_string(),
+            any::<bool>(),
+            opt_string(),
+            proptest::option::of(any::<bool>()),
+        ),
     )
         .prop_map(
             |(
@@ -234,7 +239,7 @@ fn arb_end() -> impl Strategy<Value = End> {
                 rows,
                 server_time_us,
                 queue_time_us,
-                (gtid, in_transaction, info),
+                (gtid, in_transaction, info, autocommit),
             )| {
                 End {
                     affected_rows,
@@ -246,6 +251,7 @@ fn arb_end() -> impl Strategy<Value = End> {
                     gtid,
                     in_transaction,
                     info,
+                    autocommit,
                 }
             },
         )
@@ -331,8 +337,9 @@ proptest! {
         warnings in any::<u32>(),
         info in proptest::option::of(any::<String>()),
         in_transaction in any::<bool>(),
+        autocommit in proptest::option::of(any::<bool>()),
     ) {
-        let b = ResultEnd { affected_rows, last_insert_id, warnings, info, in_transaction };
+        let b = ResultEnd { affected_rows, last_insert_id, warnings, info, in_transaction, autocommit };
         prop_assert_eq!(roundtrip(Kind::ResultEnd, 1, &b), b);
     }
 

@@ -103,6 +103,7 @@ fn example() -> Vec<(&'static str, Frame)> {
                     gtid: None,
                     in_transaction: false,
                     info: None,
+                    autocommit: None,
                 },
             ),
         ),

@@ -524,6 +524,7 @@ pub(crate) async fn answer(
                 gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
                 in_transaction: acc.in_transaction,
                 info: acc.info.clone(),
+                autocommit: acc.autocommit,
             };
             out.end(&end).await?;
             Ok(Outcome::Served)
@@ -867,6 +868,8 @@ pub(crate) struct Summary {
     pub(crate) text_rows: bool,
     /// `REQUEST.raw_rows`: rows go out as `RAW_ROWS`.
     pub(crate) raw_rows: bool,
+    /// The server's autocommit status after the last result (`END.autocommit`).
+    autocommit: Option<bool>,
     /// The last statement's OK message (`END.info`).
     info: Option<String>,
     /// `REQUEST.multi_results`: each result but the last ends with `RESULT_END`, and the
@@ -1092,6 +1095,7 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
                 // Every OK packet may carry a commit's GTID: DML, the end of a result set
                 // (`INSERT ... RETURNING`), a CALL's status.
                 note_gtid(Some(&ok), acc);
+                acc.autocommit = Some(ok.status_flags().contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT));
                 if more_results && acc.multi_results {
                     let affected_rows = if kinds.take().is_none() { ok.affected_rows() } else { 0 };
                     let end = ResultEnd {
@@ -1103,6 +1107,7 @@ async fn stream_results(conn: &mut Session, out: &mut Emitter<'_>, acc: &mut Sum
                             .filter(|i| !i.is_empty())
                             .map(|i| String::from_utf8_lossy(i).into_owned()),
                         in_transaction: ok.status_flags().contains(StatusFlags::SERVER_STATUS_IN_TRANS),
+                        autocommit: acc.autocommit,
                     };
                     out.result_end(&end).await?;
                     continue;

@@ -951,6 +951,11 @@ impl Conn {
             columns: Vec::new(),
         });
         let answer = self.run_stream(request, &mut sink).await?;
+        if let (Some(_), Some(on)) = (answer.session, answer.end.autocommit) {
+            // Statements of a session may turn autocommit on or off themselves (several
+            // in one query, which pin): the client's state follows the server's.
+            self.state.autocommit = on;
+        }
         if let Some(Sink::Client { w, .. }) = sink {
             if answer.had_rows {
                 // The terminator of the last result set, now that its status is known.
@@ -1025,6 +1030,13 @@ impl Conn {
                     let mut status = (self.status() & !SERVER_STATUS_IN_TRANS) | SERVER_MORE_RESULTS_EXISTS;
                     if self.session.is_some() && end.in_transaction {
                         status |= SERVER_STATUS_IN_TRANS;
+                    }
+                    // In a session the statements may change autocommit themselves
+                    // (`SET autocommit = 0; …`): the server's own flag.
+                    match end.autocommit.filter(|_| self.session.is_some()) {
+                        Some(true) => status |= SERVER_STATUS_AUTOCOMMIT,
+                        Some(false) => status &= !SERVER_STATUS_AUTOCOMMIT,
+                        None => {}
                     }
                     if let Some(sink) = sink {
                         sink.result_end(&end, answer.had_rows, status, self.found_rows);

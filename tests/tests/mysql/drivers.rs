@@ -191,6 +191,18 @@ m.rollback()
 mc.execute("SELECT COUNT(*) FROM py_t WHERE v = 'y'")
 print("rolled back", mc.fetchall())
 m.close()
+# The status flags (AUTOCOMMIT 2, IN_TRANS 1) after each result, when autocommit changes
+# inside a multi-statement query: PyMySQL's get_autocommit() reads them.
+s = pymysql.connect(host=host, port=port, user=user, password=password, database=db, autocommit=True,
+                    client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS)
+sc = s.cursor()
+for q in ["SET autocommit = 0; SELECT 1; SELECT 2", "SELECT 3", "COMMIT; SET autocommit = 1; SELECT 4", "SELECT 5"]:
+    sc.execute(q)
+    flags = [s.server_status & 3]
+    while sc.nextset():
+        flags.append(s.server_status & 3)
+    print("status flags", q, flags, s.get_autocommit())
+s.close()
 "#;
 
 /// PyMySQL (autocommit off by default, then on), its results compared with the same
