@@ -378,6 +378,7 @@ impl Executor {
             text_rows: request.text_rows,
             raw_rows: request.raw_rows,
             multi_results: request.multi_results,
+            in_session,
             ..Summary::default()
         };
         let result = if request.prepare_only {
@@ -425,15 +426,22 @@ impl Executor {
             match self.in_transaction(&result).await {
                 Ok(open) => {
                     acc.in_transaction = open;
+                    self.follow_autocommit(acc.autocommit);
                     Ok(false)
                 }
                 Err(e) => Err(e.to_string()),
             }
         } else {
-            match reset_session(&mut self.conn, result.is_err()).await {
+            let cleaned = match reset_session(&mut self.conn, result.is_err()).await {
                 Ok(left_open) if leaves_state => self.reset().await.map(|()| left_open),
                 r => r.map_err(|e| e.to_string()),
+            };
+            // Outside a session the clean-up turns autocommit back on, whatever a
+            // statement (a CALL) did to it.
+            if cleaned.is_ok() && acc.autocommit.is_some() {
+                acc.autocommit = Some(true);
             }
+            cleaned
         };
         // A reset empties @@last_gtid; otherwise the session keeps the last commit's.
         self.session_gtid = match &cleaned {
@@ -540,8 +548,11 @@ pub(crate) async fn answer(
             // In a session the END after the ERROR still says whether a transaction is
             // open (a failed statement does not end one).
             out.link.push(&Frame::new(Kind::Error, stream, &body));
+            // After an ERROR only these say something (in a session): the failed statement
+            // left the transaction and autocommit as the statements before it had.
             let end = End {
                 in_transaction: acc.in_transaction,
+                autocommit: acc.autocommit.filter(|_| acc.in_session),
                 ..End::default()
             };
             out.end(&end).await?;
@@ -606,6 +617,23 @@ pub(crate) struct Checked {
 }
 
 impl Executor {
+    /// In a session, the client's own statements may turn autocommit on or off (several in
+    /// one request): what the session holds now is what the server said (`on`), so that
+    /// the next request, whose `vars` follow the server's status too, is served as it is
+    /// rather than with a `SET` first (which would also replace its `ROW_COUNT()`).
+    fn follow_autocommit(&mut self, on: Option<bool>) {
+        let Some(on) = on else { return };
+        let vars = &mut self.applied.vars;
+        let off = vars.iter().any(|(n, v)| n == "autocommit" && v == "0");
+        if on && off {
+            vars.retain(|(n, _)| n != "autocommit");
+        } else if !on && !off {
+            // Where the front end puts it: last (`ClientState::request_vars`).
+            vars.retain(|(n, _)| n != "autocommit");
+            vars.push(("autocommit".into(), "0".into()));
+        }
+    }
+
     /// Brings the session to the request's `schema` and `vars` (checked by `inspect`):
     /// only what it lacks is applied; a session that has other variables, or must go back
     /// to the configured database when there is none to `USE`, is reset first.
@@ -870,6 +898,8 @@ pub(crate) struct Summary {
     pub(crate) raw_rows: bool,
     /// The server's autocommit status after the last result (`END.autocommit`).
     autocommit: Option<bool>,
+    /// The request ran in a session: after an error, `END` still says what it holds.
+    in_session: bool,
     /// The last statement's OK message (`END.info`).
     info: Option<String>,
     /// `REQUEST.multi_results`: each result but the last ends with `RESULT_END`, and the

@@ -841,7 +841,13 @@ impl Conn {
             let request = self.request(sql.to_string());
             let answer = self.execute(request, w, false).await?;
             if answer.error.is_none() {
+                // Autocommit as the server had it after the statement (`execute` took it
+                // from END) unless this SET named it: `next` was computed before.
+                let autocommit = self.state.autocommit;
                 self.state = next;
+                if !assignments.iter().any(|(n, _)| n == "autocommit") {
+                    self.state.autocommit = autocommit;
+                }
             }
             return self.finish(answer, w).await;
         }

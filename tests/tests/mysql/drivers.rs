@@ -196,12 +196,16 @@ m.close()
 s = pymysql.connect(host=host, port=port, user=user, password=password, database=db, autocommit=True,
                     client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS)
 sc = s.cursor()
-for q in ["SET autocommit = 0; SELECT 1; SELECT 2", "SELECT 3", "COMMIT; SET autocommit = 1; SELECT 4", "SELECT 5"]:
+# (ROW_COUNT() right after the query that turned autocommit off: nothing may run before it.)
+for q in ["SET autocommit = 0; SELECT 1; SELECT 2", "SELECT 3", "COMMIT; SET autocommit = 1; SELECT 4",
+          "SET autocommit = 0; UPDATE py_t SET v = 'w' WHERE v IS NOT NULL", "SELECT ROW_COUNT()",
+          "ROLLBACK; SET sql_mode = ''", "SELECT @@autocommit", "SET autocommit = 1; SELECT 5", "SELECT 6"]:
     sc.execute(q)
-    flags = [s.server_status & 3]
+    flags, rows = [s.server_status & 3], [sc.fetchall()]
     while sc.nextset():
         flags.append(s.server_status & 3)
-    print("status flags", q, flags, s.get_autocommit())
+        rows.append(sc.fetchall())
+    print("status flags", q, flags, s.get_autocommit(), rows)
 s.close()
 "#;
 
