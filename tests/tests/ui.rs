@@ -29,6 +29,12 @@ const SHOWN: &str =
 /// Polls `script` (a function body returning a value, `null` meaning "not yet") in the
 /// page until it returns something else, or fails after `limit` saying `what`, with the
 /// page's last snapshot summary for the failure message.
+/// [`poll`] until an element matching the CSS `selector` is in the page.
+async fn appears(b: &Browser, limit: Duration, what: &str, selector: &str) -> anyhow::Result<()> {
+    let script = format!("return document.querySelector({}) ? true : null", json!(selector));
+    poll(b, limit, what, &script).await.map(drop)
+}
+
 async fn poll(b: &Browser, limit: Duration, what: &str, script: &str) -> anyhow::Result<Json> {
     let deadline = Instant::now() + limit;
     let script = format!("{SHOWN} {script}");
@@ -242,13 +248,7 @@ async fn operations_page_in_a_real_browser() -> anyhow::Result<()> {
         .context("digest id")?
         .to_owned();
     let row = format!("tr[data-digest='{id}']");
-    poll(
-        &b,
-        Duration::from_secs(5),
-        "the blocked digest's row",
-        &format!("return document.querySelector(\"{row}\") ? true : null"),
-    )
-    .await?;
+    appears(&b, Duration::from_secs(5), "the blocked digest's row", &row).await?;
     b.eval(
         &format!("document.querySelector(\"{row}\").scrollIntoView()"),
         json!([]),
@@ -311,13 +311,7 @@ async fn operations_page_in_a_real_browser() -> anyhow::Result<()> {
     };
     for on in [true, false] {
         let button = format!("button[data-action='maintenance'][data-member='replica-2'][data-on='{on}']");
-        poll(
-            &b,
-            Duration::from_secs(10),
-            "replica-2's maintenance button",
-            &format!("return document.querySelector(\"{button}\") ? true : null"),
-        )
-        .await?;
+        appears(&b, Duration::from_secs(10), "replica-2's maintenance button", &button).await?;
         b.click(&button)?;
         let asked = b.accept_prompt(Duration::from_secs(5))?;
         assert!(asked.contains("replica-2"), "the confirm() names the member: {asked}");

@@ -624,12 +624,9 @@ impl Executor {
     fn follow_autocommit(&mut self, on: Option<bool>) {
         let Some(on) = on else { return };
         let vars = &mut self.applied.vars;
-        let off = vars.iter().any(|(n, v)| n == "autocommit" && v == "0");
-        if on && off {
-            vars.retain(|(n, _)| n != "autocommit");
-        } else if !on && !off {
+        vars.retain(|(n, _)| n != "autocommit");
+        if !on {
             // Where the front end puts it: last (`ClientState::request_vars`).
-            vars.retain(|(n, _)| n != "autocommit");
             vars.push(("autocommit".into(), "0".into()));
         }
     }
