@@ -10,6 +10,7 @@ pub mod codec;
 pub mod error;
 pub mod frame;
 pub mod gtid;
+pub mod link_socket;
 pub mod local;
 pub mod mysql_auth;
 pub mod raw_rows;

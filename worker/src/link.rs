@@ -6,23 +6,19 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
-use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream as StdUnixStream;
+use std::io;
 use std::path::Path;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use futures::{FutureExt, SinkExt, StreamExt};
+use osprey_protocol::link_socket::{self, LinkRead, LinkWrite};
 use osprey_protocol::{
     Cancel, End, ErrorBody, ErrorCode, Frame, FrameCodec, Hello, HelloAck, Kind, Origin, Ping, ProtocolError,
     CANCEL_RECLAIM, HEADER_LEN, PROTOCOL_MAJOR,
 };
-use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, Interest, ReadBuf};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::time::{sleep_until, timeout, Instant, Sleep};
@@ -106,60 +102,17 @@ pub async fn register(path: &Path, hello: &Hello) -> Result<Registered, Register
 #[error("link to the dispatcher is closed")]
 pub struct LinkGone;
 
-/// The link's socket after registration, registered with the runtime for *readability
-/// only*: with the usual read+write registration every time the dispatcher drains what we
-/// wrote, an edge-triggered `EPOLLOUT` wakes the idle worker for nothing (seen on ~15 % of
-/// requests). Writes are plain non-blocking writes; only when the socket is full does
-/// [`LinkOut::flush`] wait for writability, on a duplicate descriptor registered for that.
-type Sock = Rc<AsyncFd<StdUnixStream>>;
-
 /// Events read while a statement runs are queued up to this many; past it the link is
 /// not read until the statement ends. The dispatcher writes at most
 /// `MAX_PIPELINE_DEPTH` requests before the first has ended (prefetch), plus a
 /// `QUIT_NOW` or `GOAWAY`: they all fit, so the link is always read (`PING`, `CANCEL`).
 const MAX_QUEUED_EVENTS: usize = osprey_protocol::MAX_PIPELINE_DEPTH + 4;
 
-/// Largest read per `recv` (the buffer part handed to the kernel is zeroed first).
-const READ_CHUNK: usize = 4096;
-
-fn watch(sock: StdUnixStream, interest: Interest) -> io::Result<AsyncFd<StdUnixStream>> {
-    // SAFETY: the `AsyncFd` owns the `UnixStream`, which owns its descriptor: it stays open,
-    // and `as_raw_fd` returns the same one, until the `AsyncFd` is dropped.
-    Ok(unsafe { AsyncFd::register_with_interest(sock, interest) }?)
-}
-
-/// The read side of [`Sock`], for `FramedRead`.
-pub struct SockRead(Sock);
-
-impl AsyncRead for SockRead {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        loop {
-            let mut guard = ready!(self.0.poll_read_ready(cx))?;
-            let want = buf.remaining().min(READ_CHUNK);
-            let dst = buf.initialize_unfilled_to(want);
-            match guard.try_io(|fd| fd.get_ref().read(dst)) {
-                Ok(Ok(n)) => {
-                    if n > 0 && n < want {
-                        // A short read emptied the socket (as tokio's own streams assume):
-                        // wait for the next edge instead of paying a `recv` for EAGAIN.
-                        guard.clear_ready();
-                    }
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                Ok(Err(e)) => return Poll::Ready(Err(e)),
-                Err(_would_block) => {}
-            }
-        }
-    }
-}
-
 /// Turns the registration-time halves into the serving-time [`Link`] parts.
 pub fn split_registered(
     reader: LinkReader,
     writer: LinkWriter,
-) -> io::Result<(FramedRead<SockRead, FrameCodec>, LinkOut)> {
+) -> io::Result<(FramedRead<LinkRead, FrameCodec>, LinkOut)> {
     let max_payload = writer.encoder().max_payload();
     let decoder = reader.decoder().clone();
     // Bytes the dispatcher sent right after HELLO_ACK, if any, must not be lost.
@@ -169,11 +122,12 @@ pub fn split_registered(
         .into_inner()
         .reunite(writer.into_inner())
         .map_err(|e| io::Error::other(e.to_string()))?;
-    let std = stream.into_std()?;
-    let sock: Sock = Rc::new(watch(std, Interest::READABLE)?);
-    let mut framed = FramedRead::new(SockRead(sock.clone()), decoder);
+    // Registered for readability only (osprey_protocol::link_socket): the dispatcher's
+    // reads of what we wrote must not wake an idle worker.
+    let (read, write) = link_socket::split(stream.into_std()?)?;
+    let mut framed = FramedRead::new(read, decoder);
     framed.read_buffer_mut().extend_from_slice(&leftover);
-    Ok((framed, LinkOut::new(sock, max_payload)))
+    Ok((framed, LinkOut::new(write, max_payload)))
 }
 
 /// The sending side: frames are encoded into one buffer; [`LinkOut::flush`] writes it.
@@ -185,14 +139,14 @@ pub fn split_registered(
 /// statements' last batch and `END`) while their results are at hand; the reader adds
 /// only small `PONG`s.
 pub struct LinkOut {
-    sock: Sock,
+    sock: LinkWrite,
     buf: RefCell<BytesMut>,
     max_payload: usize,
     last_write: Cell<Instant>,
 }
 
 impl LinkOut {
-    fn new(sock: Sock, max_payload: usize) -> LinkOut {
+    fn new(sock: LinkWrite, max_payload: usize) -> LinkOut {
         LinkOut {
             sock,
             buf: RefCell::new(BytesMut::with_capacity(8 * 1024)),
@@ -224,7 +178,7 @@ impl LinkOut {
     pub fn try_flush(&self) -> Result<bool, LinkGone> {
         let mut buf = self.buf.borrow_mut();
         while !buf.is_empty() {
-            match self.sock.get_ref().write(&buf) {
+            match self.sock.try_write(&buf) {
                 Ok(0) => return Err(LinkGone),
                 Ok(n) => {
                     buf.advance(n);
@@ -245,19 +199,11 @@ impl LinkOut {
     /// Writes everything queued, waiting while the dispatcher does not read.
     pub async fn flush(&self) -> Result<(), LinkGone> {
         while !self.try_flush()? {
-            self.writable().await.map_err(|e| {
+            self.sock.writable().await.map_err(|e| {
                 debug!(error = %e, "waiting for the link to take writes");
                 LinkGone
             })?;
         }
-        Ok(())
-    }
-
-    /// Waits until the socket takes writes again (rare: the dispatcher is not reading).
-    async fn writable(&self) -> io::Result<()> {
-        let dup = StdUnixStream::from(self.sock.get_ref().as_fd().try_clone_to_owned()?);
-        let fd = watch(dup, Interest::WRITABLE)?;
-        let _ready = fd.writable().await?;
         Ok(())
     }
 
@@ -369,7 +315,7 @@ impl From<LinkGone> for LinkEnd {
 /// the tracker, queues requests and quit/goaway for the serving loop, sends a `PING` when
 /// nothing was written for `keepalive`, and gives up after `silence` without a frame.
 pub struct Link {
-    reader: FramedRead<SockRead, FrameCodec>,
+    reader: FramedRead<LinkRead, FrameCodec>,
     tracker: Tracker,
     events: Queue,
     keepalive: Duration,
@@ -391,7 +337,7 @@ pub enum Wake {
 
 impl Link {
     pub fn new(
-        reader: FramedRead<SockRead, FrameCodec>,
+        reader: FramedRead<LinkRead, FrameCodec>,
         tracker: Tracker,
         keepalive: Duration,
         silence: Duration,

@@ -61,7 +61,13 @@ impl RegisterError {
 /// Serves one accepted worker connection until it ends.
 pub async fn serve(env: Arc<WorkerEnv>, socket: UnixStream) {
     let peer_pid = socket.peer_cred().ok().and_then(|c| c.pid()).map(|p| p as u32);
-    let (rd, wr) = socket.into_split();
+    let (rd, wr) = match socket.into_std().and_then(osprey_protocol::link_socket::split) {
+        Ok(halves) => halves,
+        Err(e) => {
+            warn!(peer_pid, "worker connection: {e}");
+            return;
+        }
+    };
     // Until HELLO has shown the secret, one HELLO's worth at most (and the read buffer's
     // 8 KiB); `register` lifts the bound once it has.
     let mut reader = FramedRead::new(rd, FrameCodec::new(HANDSHAKE_MAX_PAYLOAD));

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use osprey_protocol::link_socket::{LinkRead, LinkWrite};
 use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, FrameCodec, Kind, Origin};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::{Instant as TokioInstant, Interval};
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -36,8 +36,8 @@ mod serve;
 
 pub use error::LinkError;
 
-pub type Reader = FramedRead<OwnedReadHalf, FrameCodec>;
-pub type Writer = FramedWrite<OwnedWriteHalf, FrameCodec>;
+pub type Reader = FramedRead<LinkRead, FrameCodec>;
+pub type Writer = FramedWrite<LinkWrite, FrameCodec>;
 
 /// After the dispatcher gave up a worker that had requests written behind its current
 /// one, it reads what the worker wrote before it died for at most this long, to tell
