@@ -7,6 +7,7 @@
 
 pub mod body;
 pub mod codec;
+pub mod end_encode;
 pub mod error;
 pub mod frame;
 pub mod gtid;

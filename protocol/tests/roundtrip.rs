@@ -379,6 +379,23 @@ proptest! {
         prop_assert_eq!(roundtrip(Kind::End, stream, &b), b);
     }
 
+    /// `End::encode` (by hand, the hot path) gives serde's bytes exactly, integers of every
+    /// width included (each shifted right by an arbitrary amount).
+    #[test]
+    fn end_encoded_by_hand_is_serdes(b in arb_end(), shifts in proptest::array::uniform6(0u32..64)) {
+        let mut b = b;
+        b.affected_rows >>= shifts[0];
+        b.last_insert_id = b.last_insert_id.map(|v| v >> shifts[1]);
+        b.warnings >>= shifts[2] % 32;
+        b.rows >>= shifts[3];
+        b.server_time_us >>= shifts[4];
+        b.queue_time_us >>= shifts[5];
+        prop_assert_eq!(b.encode(), rmp_serde::to_vec_named(&b).unwrap());
+        let frame = b.to_frame(7);
+        prop_assert_eq!((frame.kind, frame.stream), (Kind::End, 7));
+        prop_assert_eq!(frame.body::<End>().unwrap(), b);
+    }
+
     #[test]
     fn error_on_stream_and_on_stream_zero(stream in arb_data_stream(), b in arb_error_body()) {
         prop_assert_eq!(roundtrip(Kind::Error, stream, &b), b.clone());
@@ -1234,5 +1251,58 @@ fn a_causal_gtid_that_is_no_position_fails_validation() {
         };
         let e = r.validate().unwrap_err();
         assert!(e.starts_with("causal_gtid: "), "{e}");
+    }
+}
+
+/// `End::encode` and serde agree on strings of every header size: fixstr, str8, str16,
+/// and the long ones it hands to serde.
+#[test]
+fn end_encoded_by_hand_is_serdes_for_every_string_length() {
+    for len in [0, 31, 32, 255, 256, 65_535, 65_536, 70_000] {
+        let text = "x".repeat(len);
+        for (gtid, info) in [
+            (Some(text.clone()), None),
+            (None, Some(text.clone())),
+            (Some(text.clone()), Some(text.clone())),
+        ] {
+            let b = End {
+                gtid,
+                info,
+                in_transaction: true,
+                autocommit: Some(false),
+                ..End::default()
+            };
+            assert_eq!(b.encode(), rmp_serde::to_vec_named(&b).unwrap(), "length {len}");
+        }
+    }
+}
+
+/// ... and on every integer at the edges of its header sizes.
+#[test]
+fn end_encoded_by_hand_is_serdes_at_every_integer_edge() {
+    let edges = [
+        0,
+        1,
+        127,
+        128,
+        255,
+        256,
+        65_535,
+        65_536,
+        u64::from(u32::MAX),
+        u64::from(u32::MAX) + 1,
+        u64::MAX,
+    ];
+    for v in edges {
+        let b = End {
+            affected_rows: v,
+            last_insert_id: Some(v),
+            warnings: u32::try_from(v).unwrap_or(u32::MAX),
+            rows: v,
+            server_time_us: v,
+            queue_time_us: v,
+            ..End::default()
+        };
+        assert_eq!(b.encode(), rmp_serde::to_vec_named(&b).unwrap(), "value {v}");
     }
 }

@@ -1397,7 +1397,7 @@ impl<'o> Emitter<'o> {
     }
 
     async fn end(&mut self, end: &End) -> Result<(), LinkGone> {
-        self.link.push(&Frame::new(Kind::End, self.stream, end));
+        self.link.push(&end.to_frame(self.stream));
         if self.hold_end {
             return Ok(());
         }

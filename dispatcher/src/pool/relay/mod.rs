@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use osprey_protocol::link_socket::{LinkRead, LinkWrite};
-use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, FrameCodec, Kind, Origin};
+use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, FrameCodec, Origin};
 use tokio::sync::mpsc;
 use tokio::time::{Instant as TokioInstant, Interval};
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -413,7 +413,7 @@ fn with_queue_time(frame: Frame, queue_time: Duration) -> (Frame, Option<End>) {
     match frame.body::<End>() {
         Ok(mut end) => {
             end.queue_time_us = queue_time.as_micros() as u64;
-            (Frame::new(Kind::End, frame.stream, &end), Some(end))
+            (end.to_frame(frame.stream), Some(end))
         }
         Err(_) => (frame, None),
     }
