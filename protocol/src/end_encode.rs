@@ -21,7 +21,8 @@ impl End {
             return rmp_serde::to_vec_named(self).expect("body types always serialise");
         }
         let texts: usize = strings.iter().flatten().map(|s| s.len() + 3).sum();
-        let mut out = Vec::with_capacity(128 + texts);
+        // Everything but the texts: at most 161 bytes (108 of keys, six integers).
+        let mut out = Vec::with_capacity(168 + texts);
         let fields = 6
             + usize::from(self.gtid.is_some())
             + usize::from(self.in_transaction)

@@ -546,10 +546,14 @@ async fn several_results_come_apart_as_from_the_server() {
     );
     // The session ends after the answer: its worker is reset (a round trip to the
     // database) before the list drops it, so the list is looked at until it does.
-    let ended = osprey_tests::harness::wait_for(Duration::from_secs(5), "the transaction's session to end", || async {
+    let left = osprey_tests::harness::wait_for(Duration::from_secs(5), "the transaction's session to end", || async {
         let open = sessions().await;
         (open.as_array().map(Vec::len) == Some(1)).then_some(open)
     })
-    .await;
-    assert!(ended.is_ok(), "the transaction's session ended: {}", sessions().await);
+    .await
+    .unwrap();
+    assert_eq!(
+        left[0]["client"]["pinned_by"], "call",
+        "the CALL's session is left: {left}"
+    );
 }
