@@ -91,10 +91,25 @@ pub fn check_body_of_kind(kind: Kind, payload: Bytes) {
             if let Some(r) = decoded::<Request>(&frame) {
                 check_request(&r);
             }
+            request_by_hand(&frame);
         }
         Kind::Columns => drop(decoded::<Columns>(&frame)),
         Kind::Rows => drop(decoded::<Rows>(&frame)),
-        Kind::End => drop(decoded::<End>(&frame)),
+        Kind::End => {
+            // The hand-written decoder (the dispatcher's hot path) says what serde says,
+            // or leaves it to serde; the hand-written encoder writes serde's bytes.
+            let serde = decoded::<End>(&frame);
+            if let Some(fast) = End::decode_common(&frame.payload) {
+                assert_eq!(Some(&fast), serde.as_ref(), "END decoded by hand differs from serde");
+            }
+            assert_eq!(
+                End::from_frame(&frame).map_err(|e| e.to_string()),
+                frame.body::<End>().map_err(|e| e.to_string())
+            );
+            if let Some(end) = serde {
+                assert_eq!(end.encode(), rmp_serde::to_vec_named(&end).expect("END serialises"));
+            }
+        }
         Kind::ResultEnd => drop(decoded::<ResultEnd>(&frame)),
         Kind::RawRows => {
             if let Ok(rows) = osprey_protocol::raw_rows::decode(&frame.payload) {
@@ -483,4 +498,19 @@ pub fn check_frame_input(data: &[u8]) {
     for f in &whole.frames {
         check_body_of_kind(f.kind, f.payload.clone());
     }
+}
+
+/// The hand-written `REQUEST` decoder (the dispatcher's and the worker's hot path) says
+/// what serde says, or leaves it to serde (compared as their encodings: NaN included).
+pub fn request_by_hand(frame: &Frame) {
+    let named = |r: &Request| rmp_serde::to_vec_named(r).expect("a decoded body serialises");
+    let serde = frame.body::<Request>();
+    if let Some(fast) = Request::decode_common(&frame.payload) {
+        let serde = serde.as_ref().expect("REQUEST decoded by hand where serde refuses it");
+        assert_eq!(named(&fast), named(serde), "REQUEST decoded by hand differs from serde");
+    }
+    assert_eq!(
+        Request::from_frame(frame).map(|r| named(&r)).map_err(|e| e.to_string()),
+        serde.map(|r| named(&r)).map_err(|e| e.to_string())
+    );
 }

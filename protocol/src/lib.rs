@@ -7,14 +7,17 @@
 
 pub mod body;
 pub mod codec;
+pub mod end_decode;
 pub mod end_encode;
 pub mod error;
 pub mod frame;
 pub mod gtid;
 pub mod link_socket;
 pub mod local;
+mod msgpack_read;
 pub mod mysql_auth;
 pub mod raw_rows;
+pub mod request_decode;
 pub mod value;
 
 pub use body::*;

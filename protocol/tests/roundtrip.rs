@@ -383,17 +383,111 @@ proptest! {
     /// width included (each shifted right by an arbitrary amount).
     #[test]
     fn end_encoded_by_hand_is_serdes(b in arb_end(), shifts in proptest::array::uniform6(0u32..64)) {
-        let mut b = b;
-        b.affected_rows >>= shifts[0];
-        b.last_insert_id = b.last_insert_id.map(|v| v >> shifts[1]);
-        b.warnings >>= shifts[2] % 32;
-        b.rows >>= shifts[3];
-        b.server_time_us >>= shifts[4];
-        b.queue_time_us >>= shifts[5];
+        let b = shifted(b, shifts);
         prop_assert_eq!(b.encode(), rmp_serde::to_vec_named(&b).unwrap());
         let frame = b.to_frame(7);
         prop_assert_eq!((frame.kind, frame.stream), (Kind::End, 7));
         prop_assert_eq!(frame.body::<End>().unwrap(), b);
+    }
+
+    /// `End::decode_common` (by hand, the dispatcher's hot path) reads what `End::encode`
+    /// writes, integers of every width included, without falling back to serde.
+    #[test]
+    fn end_decoded_by_hand_is_serdes(b in arb_end(), shifts in proptest::array::uniform6(0u32..64)) {
+        let b = shifted(b, shifts);
+        prop_assert_eq!(End::decode_common(&b.encode()), Some(b.clone()));
+        prop_assert_eq!(End::from_frame(&b.to_frame(3)).unwrap(), b);
+    }
+
+    /// A worker's END as a map, then changed entry by entry: entries dropped, repeated,
+    /// reordered, given values of every MessagePack type that could stand there (and some
+    /// that could not), another field added, the map's count off by one. The fast path
+    /// takes what serde takes, and refuses what serde would read differently (a duplicate,
+    /// a missing required field, a negative or too wide integer, bad UTF-8…).
+    #[test]
+    fn end_decoded_by_hand_agrees_on_any_map(
+        b in arb_end(),
+        edits in prop::collection::vec((0u8..6, any::<prop::sample::Index>(), 0usize..ODD_VALUES), 0..4),
+        count_off in prop::sample::select(vec![0i32, 0, 0, -1, 1]),
+    ) {
+        let mut entries = map_entries(&b.encode());
+        edit_entries(&mut entries, &edits);
+        let payload = map_payload(&entries, entries.len() as i32 + count_off);
+        end_agrees(&payload);
+    }
+
+    /// `Request::decode_common` (by hand: the dispatcher's and the worker's hot path) reads a
+    /// request in its common form (no batch, vars, blob_params or tagged values) without
+    /// falling back to serde, and reads it as serde does.
+    #[test]
+    fn request_decoded_by_hand_is_serdes(b in arb_request()) {
+        let mut b = b;
+        b.batch.clear();
+        b.vars.clear();
+        b.blob_params.clear();
+        b.params.retain(|v| matches!(
+            v,
+            Value::Null | Value::Int(_) | Value::Float(_) | Value::Double(_) | Value::Bytes(_) | Value::Text(_)
+        ));
+        let frame = Frame::new(Kind::Request, 1, &b);
+        let fast = Request::decode_common(&frame.payload);
+        prop_assert!(fast.is_some(), "{:02x?}", &frame.payload[..]);
+        prop_assert_eq!(named(&fast.unwrap()), named(&frame.body::<Request>().unwrap()));
+    }
+
+    /// Any request (batches, tagged values… included): the fast path reads it as serde
+    /// does, or leaves it to serde.
+    #[test]
+    fn request_decoded_by_hand_agrees_on_any_request(b in arb_request()) {
+        request_agrees(&Frame::new(Kind::Request, 1, &b).payload);
+    }
+
+    /// A request as a map, then changed entry by entry as END's above (entries dropped,
+    /// repeated, reordered, given odd values, another field added, the count off by one),
+    /// and its params array given odd values.
+    #[test]
+    fn request_decoded_by_hand_agrees_on_any_map(
+        b in arb_request(),
+        edits in prop::collection::vec((0u8..6, any::<prop::sample::Index>(), 0usize..ODD_VALUES), 0..4),
+        count_off in prop::sample::select(vec![0i32, 0, 0, -1, 1]),
+    ) {
+        let mut b = b;
+        b.batch.clear();
+        let mut entries = map_entries(&rmp_serde::to_vec_named(&b).unwrap());
+        edit_entries(&mut entries, &edits);
+        let payload = map_payload(&entries, entries.len() as i32 + count_off);
+        request_agrees(&payload);
+    }
+
+    /// Whatever the bytes, the fast path says what serde says or leaves it to serde: a
+    /// worker's END mangled at one place (a byte replaced, the body cut short, a byte
+    /// inserted) and arbitrary bytes.
+    #[test]
+    fn end_decoded_by_hand_never_disagrees_with_serde(
+        b in arb_end(),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        how in 0u8..3,
+        noise in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let mut bytes = b.encode();
+        let i = at.index(bytes.len());
+        match how {
+            0 => bytes[i] = byte,
+            1 => bytes.truncate(i),
+            _ => bytes.insert(i, byte),
+        }
+        for payload in [bytes, noise] {
+            let frame = Frame::with_payload(Kind::End, 1, bytes::Bytes::from(payload.clone()));
+            let serde = frame.body::<End>();
+            if let Some(fast) = End::decode_common(&payload) {
+                prop_assert_eq!(Ok(fast), serde.map_err(|e| e.to_string()), "{:02x?}", payload);
+            }
+            prop_assert_eq!(
+                End::from_frame(&frame).map_err(|e| e.to_string()),
+                frame.body::<End>().map_err(|e| e.to_string())
+            );
+        }
     }
 
     #[test]
@@ -1305,4 +1399,254 @@ fn end_encoded_by_hand_is_serdes_at_every_integer_edge() {
         };
         assert_eq!(b.encode(), rmp_serde::to_vec_named(&b).unwrap(), "value {v}");
     }
+}
+
+/// Every field of a full END removed, repeated, and given each of [`odd_value`]'s values in
+/// turn: the fast path agrees with serde on each (proptest above covers combinations).
+#[test]
+fn end_decoded_by_hand_agrees_for_every_field_and_value() {
+    let b = End {
+        affected_rows: 1,
+        last_insert_id: Some(2),
+        warnings: 3,
+        rows: 4,
+        server_time_us: 5,
+        queue_time_us: 6,
+        gtid: Some("0-1-7".into()),
+        in_transaction: true,
+        info: Some("Rows matched: 1".into()),
+        autocommit: Some(false),
+    };
+    let entries = map_entries(&b.encode());
+    assert_eq!(entries.len(), 10);
+    each_field_changed(&entries, |entries| {
+        end_agrees(&map_payload(entries, entries.len() as i32))
+    });
+}
+
+/// Every field of a request that sets them all removed, repeated, and given each of
+/// [`odd_value`]'s values in turn; its params each pair of those values: the fast path
+/// agrees with serde on each.
+#[test]
+fn request_decoded_by_hand_agrees_for_every_field_and_value() {
+    let b = Request {
+        sql: "SELECT ?".into(),
+        params: vec![Value::Int(-1), Value::Text("x".into())],
+        read_only: true,
+        idempotent: true,
+        force_primary: true,
+        timeout_ms: 5,
+        cluster: Some("c".into()),
+        causal_gtid: Some("0-1-2".into()),
+        open_session: true,
+        session: Some(3),
+        text_rows: true,
+        prepared: true,
+        prepare_only: true,
+        multi_results: true,
+        raw_rows: true,
+        schema: Some("s".into()),
+        ..Request::default()
+    };
+    let full = rmp_serde::to_vec_named(&b).unwrap();
+    assert!(Request::decode_common(&full).is_some());
+    let entries = map_entries(&full);
+    let check = |entries: &[(String, Vec<u8>)]| request_agrees(&map_payload(entries, entries.len() as i32));
+    each_field_changed(&entries, check);
+    let params = entries.iter().position(|(name, _)| name == "params").unwrap();
+    for v in 0..ODD_VALUES {
+        for w in 0..ODD_VALUES {
+            let mut other = entries.clone();
+            other[params].1 = [vec![0x92], odd_value(v), odd_value(w)].concat();
+            check(&other);
+        }
+    }
+}
+
+/// How many values [`odd_value`] knows.
+const ODD_VALUES: usize = 28;
+
+/// A MessagePack value for END's fuzzing: every form an END field's value could take, and
+/// some it could not.
+fn odd_value(i: usize) -> Vec<u8> {
+    match i {
+        0 => vec![0x00],
+        1 => vec![0x7F],
+        2 => vec![0xCC, 0xFF],
+        3 => vec![0xCD, 0x12, 0x34],
+        4 => vec![0xCE, 0xFF, 0xFF, 0xFF, 0xFF],
+        5 => vec![0xCF, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00],
+        6 => vec![0xCF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF],
+        7 => vec![0xFF],       // -1
+        8 => vec![0xD0, 0x05], // int 8, positive
+        9 => vec![0xC0],       // nil
+        10 => vec![0xC2],
+        11 => vec![0xC3],
+        12 => vec![0xA3, b'1', b'-', b'2'],
+        13 => vec![0xD9, 0x02, b'o', b'k'],
+        14 => vec![0xDA, 0x00, 0x01, b'x'],
+        15 => vec![0xA2, 0xC3, 0x28],             // bad UTF-8
+        16 => vec![0xC4, 0x01, b'x'],             // bin
+        17 => vec![0xCA, 0x3F, 0x80, 0x00, 0x00], // float 1.0
+        18 => vec![0x90],                         // []
+        19 => vec![0x91, 0x01],                   // [1]
+        20 => vec![0xDB, 0x00, 0x00, 0x00, 0x01, b'y'],
+        21 => vec![0xA0], // ""
+        22 => vec![0x01],
+        23 => vec![0xCF, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00], // i64::MAX + 1
+        24 => vec![0xD3, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00], // i64::MIN
+        25 => vec![0xD1, 0xFF, 0x38],                                     // -200
+        26 => vec![0xCB, 0x40, 0x09, 0x21, 0xFB, 0x54, 0x44, 0x2D, 0x18], // pi
+        _ => vec![0xE0],                                                  // -32
+    }
+}
+
+/// The length of the MessagePack value at the start of `b`.
+fn msgpack_len(b: &[u8]) -> usize {
+    let be = |n: usize| b[1..1 + n].iter().fold(0usize, |a, &x| a << 8 | usize::from(x));
+    let items = |head: usize, n: usize| {
+        let mut at = head;
+        for _ in 0..n {
+            at += msgpack_len(&b[at..]);
+        }
+        at
+    };
+    match b[0] {
+        0x00..=0x7F | 0xE0..=0xFF | 0xC0 | 0xC2 | 0xC3 => 1,
+        h @ 0x80..=0x8F => items(1, 2 * usize::from(h & 0x0F)),
+        h @ 0x90..=0x9F => items(1, usize::from(h & 0x0F)),
+        h @ 0xA0..=0xBF => 1 + usize::from(h & 0x1F),
+        0xC4 | 0xD9 => 2 + be(1),
+        0xC5 | 0xDA => 3 + be(2),
+        0xC6 | 0xDB => 5 + be(4),
+        0xCC | 0xD0 => 2,
+        0xCD | 0xD1 => 3,
+        0xCE | 0xD2 | 0xCA => 5,
+        0xCF | 0xD3 | 0xCB => 9,
+        0xDC => items(3, be(2)),
+        0xDD => items(5, be(4)),
+        0xDE => items(3, 2 * be(2)),
+        0xDF => items(5, 2 * be(4)),
+        h => panic!("no such value in our bodies: {h:#x}"),
+    }
+}
+
+/// A body's named encoding: compares two decoded bodies whole, NaN included.
+fn named<T: serde::Serialize>(b: &T) -> Vec<u8> {
+    rmp_serde::to_vec_named(b).unwrap()
+}
+
+/// The fast path reads `payload` as serde does, or leaves it to serde.
+fn request_agrees(payload: &[u8]) {
+    let frame = Frame::with_payload(Kind::Request, 1, bytes::Bytes::from(payload.to_vec()));
+    let serde = frame.body::<Request>().map(|r| named(&r)).map_err(|e| e.to_string());
+    if let Some(fast) = Request::decode_common(payload) {
+        assert_eq!(Ok(named(&fast)), serde, "{payload:02x?}");
+    }
+    assert_eq!(
+        Request::from_frame(&frame)
+            .map(|r| named(&r))
+            .map_err(|e| e.to_string()),
+        serde
+    );
+}
+
+/// The entries (name, value's bytes) of a map with fixstr names, as serde writes bodies.
+fn map_entries(full: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let (n, mut rest) = match full[0] {
+        h @ 0x80..=0x8F => (usize::from(h & 0x0F), &full[1..]),
+        0xDE => (usize::from(u16::from_be_bytes([full[1], full[2]])), &full[3..]),
+        h => panic!("not a map: {h:#x}"),
+    };
+    let mut entries = Vec::new();
+    for _ in 0..n {
+        let name_len = usize::from(rest[0] & 0x1F);
+        let name = String::from_utf8(rest[1..1 + name_len].to_vec()).unwrap();
+        rest = &rest[1 + name_len..];
+        let len = msgpack_len(rest);
+        entries.push((name, rest[..len].to_vec()));
+        rest = &rest[len..];
+    }
+    entries
+}
+
+/// Entries of a map edited as `(what, where, odd value)` says: removed, repeated, given an
+/// odd value, preceded by an unknown field or by a `params` of two odd values, moved last.
+fn edit_entries(entries: &mut Vec<(String, Vec<u8>)>, edits: &[(u8, prop::sample::Index, usize)]) {
+    for (what, at, value) in edits {
+        if entries.is_empty() {
+            return;
+        }
+        let i = at.index(entries.len());
+        match what {
+            0 => drop(entries.remove(i)),
+            1 => entries.push(entries[i].clone()),
+            2 => entries[i].1 = odd_value(*value),
+            3 => entries.insert(i, ("other".into(), odd_value(*value))),
+            4 => {
+                let params = [vec![0x92], odd_value(*value), odd_value(i % ODD_VALUES)].concat();
+                entries.insert(i, ("params".into(), params));
+            }
+            _ => {
+                let e = entries.remove(i);
+                entries.push(e);
+            }
+        }
+    }
+}
+
+/// A map of `entries` whose header says `count` entries (clamped to what a map 16 holds).
+fn map_payload(entries: &[(String, Vec<u8>)], count: i32) -> Vec<u8> {
+    let count = count.clamp(0, i32::from(u16::MAX)) as u16;
+    let mut payload = if count < 16 {
+        vec![0x80 | count as u8]
+    } else {
+        [vec![0xDE], count.to_be_bytes().to_vec()].concat()
+    };
+    for (name, value) in entries {
+        payload.push(0xA0 | name.len() as u8);
+        payload.extend_from_slice(name.as_bytes());
+        payload.extend_from_slice(value);
+    }
+    payload
+}
+
+/// The fast path reads `payload` as serde does, or leaves it to serde.
+fn end_agrees(payload: &[u8]) {
+    let frame = Frame::with_payload(Kind::End, 1, bytes::Bytes::from(payload.to_vec()));
+    let serde = frame.body::<End>().map_err(|e| e.to_string());
+    if let Some(fast) = End::decode_common(payload) {
+        assert_eq!(Ok(fast), serde, "{payload:02x?}");
+    }
+    assert_eq!(End::from_frame(&frame).map_err(|e| e.to_string()), serde);
+}
+
+/// `check` on `entries`, then on them with each entry removed, repeated, and given each of
+/// [`odd_value`]'s values in turn.
+fn each_field_changed(entries: &[(String, Vec<u8>)], check: impl Fn(&[(String, Vec<u8>)])) {
+    check(entries);
+    for i in 0..entries.len() {
+        let mut fewer = entries.to_vec();
+        fewer.remove(i);
+        check(&fewer);
+        let mut twice = entries.to_vec();
+        twice.push(entries[i].clone());
+        check(&twice);
+        for v in 0..ODD_VALUES {
+            let mut other = entries.to_vec();
+            other[i].1 = odd_value(v);
+            check(&other);
+        }
+    }
+}
+
+/// `b` with each integer shifted right by its amount: integers of every width.
+fn shifted(mut b: End, shifts: [u32; 6]) -> End {
+    b.affected_rows >>= shifts[0];
+    b.last_insert_id = b.last_insert_id.map(|v| v >> shifts[1]);
+    b.warnings >>= shifts[2] % 32;
+    b.rows >>= shifts[3];
+    b.server_time_us >>= shifts[4];
+    b.queue_time_us >>= shifts[5];
+    b
 }

@@ -197,7 +197,7 @@ impl Executor {
     pub(crate) fn inspect(&self, frame: &Frame) -> Result<Checked, (ErrorBody, Outcome)> {
         let stream = frame.stream;
         let refuse = |code, why: String| (ErrorBody::undispatched(Origin::Worker, code, why), Outcome::Served);
-        let request: Request = frame.body().map_err(|e| {
+        let request = Request::from_frame(frame).map_err(|e| {
             let code = match e {
                 ProtocolError::BadUtf8 => ErrorCode::BadUtf8,
                 _ => ErrorCode::BadBody,

@@ -22,7 +22,7 @@ pub fn decode(frame: &Frame, max_payload: usize) -> Result<Result<Request, Refus
         );
         return Ok(Err(Refusal::new("bad_request", ErrorCode::FrameTooLarge, msg)));
     }
-    let request: Request = match frame.body() {
+    let request = match Request::from_frame(frame) {
         Ok(r) => r,
         Err(e @ ProtocolError::BadUtf8) => return Ok(Err(Refusal::new("bad_request", e.code(), e.to_string()))),
         Err(e) => return Err(ErrorBody::undispatched(Origin::Dispatcher, e.code(), e.to_string())),

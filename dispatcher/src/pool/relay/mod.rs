@@ -410,7 +410,7 @@ fn is_fatal(frame: &Frame) -> bool {
 
 /// Fills in the time the request waited for a worker; the END body, when it is one.
 fn with_queue_time(frame: Frame, queue_time: Duration) -> (Frame, Option<End>) {
-    match frame.body::<End>() {
+    match End::from_frame(&frame) {
         Ok(mut end) => {
             end.queue_time_us = queue_time.as_micros() as u64;
             (end.to_frame(frame.stream), Some(end))

@@ -216,10 +216,7 @@ impl Relay {
             p.ending = Some(Ending::Aborted("retargeted", why));
             return Ok(());
         }
-        let may_commit = job
-            .frame
-            .body::<Request>()
-            .map_or(true, |r| osprey_sql::may_commit(&r.sql, p.in_txn));
+        let may_commit = Request::from_frame(&job.frame).map_or(true, |r| osprey_sql::may_commit(&r.sql, p.in_txn));
         if self.start(current, job).await? {
             // Written: from now on a lost worker may have run it.
             if let Some(p) = self.pinned.as_mut() {

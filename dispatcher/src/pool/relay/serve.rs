@@ -349,7 +349,7 @@ impl Relay {
                     if self.pinned.is_some() {
                         // The session learns what the statement left (a COMMIT that ended
                         // after its client gave up on it, say).
-                        let end = frame.body::<End>().ok();
+                        let end = End::from_frame(&frame).ok();
                         self.session_statement_ended(end.as_ref(), dr.fatal);
                     }
                     if dr.fatal {
@@ -653,9 +653,7 @@ impl Relay {
         let kind = crate::policy::StatementKind::guess(digest);
         let (sql, member, client);
         if policy.intercept.is_slow(server_time) {
-            sql = cur
-                .request
-                .body::<osprey_protocol::Request>()
+            sql = osprey_protocol::Request::from_frame(&cur.request)
                 .map(|r| r.sql)
                 .unwrap_or_default();
             member = self.pool.target_member().unwrap_or_default();
