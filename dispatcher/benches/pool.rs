@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use osprey_dispatcher::metrics::Metrics;
-use osprey_dispatcher::pool::wait_queue::QueueLimits;
+use osprey_dispatcher::pool::wait_queue::{Held, QueueLimits};
 use osprey_dispatcher::pool::{Next, SlotGroup, WorkerLink, LINK_JOBS};
 use osprey_dispatcher::request::job::Job;
 use osprey_dispatcher::request::streams::{outbox, ClientShared, Inbox};
@@ -131,7 +131,10 @@ fn bench(c: &mut Criterion) {
                 .find_map(|(i, (g, rx))| rx.try_recv().ok().map(|j| (i as u32, *g, j)))
                 .expect("a worker got the job");
             drop(j);
-            assert!(matches!(f.pool.next_job(slot, generation, true), Next::Idle));
+            assert!(matches!(
+                f.pool.next_job(slot, generation, Held::Ran(Duration::from_micros(100))),
+                Next::Idle
+            ));
         })
     });
 
@@ -153,7 +156,7 @@ fn bench(c: &mut Criterion) {
                 panic!("submit refused");
             }
             let (generation, _) = &f.links[3];
-            match f.pool.next_job(3, *generation, true) {
+            match f.pool.next_job(3, *generation, Held::Ran(Duration::from_micros(100))) {
                 Next::Job(j) => drop(j),
                 _ => panic!("the queued job was not handed over"),
             }

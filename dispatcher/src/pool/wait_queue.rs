@@ -54,6 +54,23 @@ type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 /// that lost its last worker does not go ahead of one that asks for a moment.
 pub const HEAVY: Duration = Duration::from_millis(50);
 
+/// How long a request held its worker, as the rule of [`HEAVY`] judges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// It never ran there (skipped, or taken back before the worker got to it): the
+    /// connection's last judgement stands.
+    NotRun,
+    /// The worker's own measure of the request (END's `server_time_us`: the statement
+    /// and its rows). What the dispatcher adds does not count: an END it read late
+    /// because the machine stalled it, or the wait of a request written behind another
+    /// on the same worker. Judged by the wall clock, one stall of a `SELECT 1` made its
+    /// connection heavy, and its next request waited behind every flooder in turn.
+    Ran(Duration),
+    /// No measure from the worker (it was lost, a cancelled statement drained, a session
+    /// ended): the time since the request became the worker's current one.
+    SinceStart,
+}
+
 /// Keys waiting for their turn, in two FIFO classes: those that held no worker when they
 /// were put in line, then the others. An owner is in each class at most once (its
 /// [`InLine`] says where); an entry whose owner has nothing to serve any more is skipped
@@ -202,7 +219,9 @@ pub fn default_connection_cap(size: usize) -> usize {
     size.saturating_sub(size.div_ceil(4)).max(1)
 }
 
-/// Who holds a busy worker: the connection (and its token) whose job it runs, since when.
+/// Who holds a busy worker: the connection (and its token) whose job it runs, since when
+/// (since it was picked; for a job written behind another, since it became the worker's
+/// current one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Holder {
     pub conn: u64,
@@ -228,7 +247,7 @@ struct ConnQueue {
     held: usize,
     /// Where it waits in its tenant's turns.
     line: InLine,
-    /// Its last request that ended held a worker for [`HEAVY`] or longer.
+    /// Its last request that ran held a worker for [`HEAVY`] or longer ([`Held`]).
     heavy: bool,
 }
 
@@ -406,15 +425,20 @@ impl WaitQueue {
         self.tenant(h.tenant).held += 1;
     }
 
-    /// A worker of `h` is free again (its job ended, or the worker is gone). Returns
-    /// whether that made a waiting job servable (an idle worker may then take it).
-    pub fn release(&mut self, h: Holder) -> bool {
+    /// A worker of `h` is free again (its job ended, or the worker is gone), having held
+    /// it as `held` says. Returns whether that made a waiting job servable (an idle
+    /// worker may then take it).
+    pub fn release(&mut self, h: Holder, held: Held) -> bool {
         // A connection that closed meanwhile is forgotten; its token still counts.
         let t = self.tenant(h.tenant);
         t.held = t.held.saturating_sub(1);
         if let Some(c) = self.conns.get_mut(&h.conn) {
             c.held = c.held.saturating_sub(1);
-            c.heavy = h.since.elapsed() >= HEAVY;
+            match held {
+                Held::NotRun => {}
+                Held::Ran(took) => c.heavy = took >= HEAVY,
+                Held::SinceStart => c.heavy = h.since.elapsed() >= HEAVY,
+            }
         }
         // Back in line if it waits, or in the first class if it holds no worker now.
         self.ring_conn(h.conn);
@@ -499,6 +523,12 @@ impl WaitQueue {
         self.pick_where(true)
     }
 
+    /// Whether the last request of `conn` that ran was heavy ([`Held`]).
+    #[cfg(test)]
+    pub fn is_heavy(&self, conn: u64) -> bool {
+        self.conns.get(&conn).is_some_and(|c| c.heavy)
+    }
+
     /// Whether nothing may be written behind a request of `conn` now: its last request
     /// that ended held its worker for [`HEAVY`] or longer, and another connection has a
     /// job waiting (which would wait behind it). A connection alone in the queue may
@@ -564,7 +594,7 @@ impl WaitQueue {
 
     /// Undoes a [`WaitQueue::pick`] whose job could not be handed over.
     pub fn unpick(&mut self, job: Job, h: Holder) {
-        self.release(h);
+        self.release(h, Held::NotRun);
         self.push_front(job);
     }
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 use osprey_protocol::ErrorCode;
 use tokio::sync::watch;
 
-use crate::pool::wait_queue::{Full, Holder, QueueLimits};
+use crate::pool::wait_queue::{Full, Held, Holder, QueueLimits};
 use crate::request::job::{fail_later, Job};
 
 use super::*;
@@ -228,31 +228,38 @@ impl SlotGroup {
             return;
         };
         let ahead = slot.ahead.len();
-        let held: Vec<Holder> = slot.holder.take().into_iter().chain(slot.ahead.drain(..)).collect();
+        // The current request ran until now; those written behind it are taken as never
+        // run (their connections' last judgement stands).
+        let current = slot.holder.take().map(|h| (h, Held::SinceStart));
+        let held: Vec<(Holder, Held)> = current
+            .into_iter()
+            .chain(slot.ahead.drain(..).map(|h| (h, Held::NotRun)))
+            .collect();
         g.ahead = g.ahead.saturating_sub(ahead);
         self.metrics.pipeline.ahead.dec_by(ahead as i64);
         let mut servable = false;
-        for h in held {
-            servable |= g.queue.release(h);
+        for (h, how) in held {
+            servable |= g.queue.release(h, how);
         }
         if servable {
             self.pump(g);
         }
     }
 
-    /// The worker of `index` finished a request (`served`) or skipped one; what next.
-    pub fn next_job(self: &Arc<Self>, index: u32, generation: u64, served: bool) -> Next {
+    /// The worker of `index` finished a request, having held it as `held` says, or
+    /// skipped one ([`Held::NotRun`]); what next.
+    pub fn next_job(self: &Arc<Self>, index: u32, generation: u64, held: Held) -> Next {
         let mut g = self.lock();
         let Some(slot) = g.linked(index, generation) else {
             return Next::Gone;
         };
-        if served {
+        if held != Held::NotRun {
             slot.requests += 1;
         }
         let holder = slot.holder.take();
         debug_assert!(slot.ahead.is_empty(), "next_job with jobs ahead");
         if let Some(h) = holder {
-            g.queue.release(h);
+            g.queue.release(h, held);
         }
         let next = self.next_for(&mut g, index);
         // A job its holder may now run can wait only if this worker did not take it.
@@ -308,10 +315,11 @@ impl SlotGroup {
         }
     }
 
-    /// The worker of `index` ended its request (`served`) or answered one it never ran,
-    /// and has more written to it: the first of those is its request now.
+    /// The worker of `index` ended its request, having held it as `held` says, or
+    /// answered one it never ran ([`Held::NotRun`]), and has more written to it: the
+    /// first of those is its request now.
     /// False: what is still behind it must be taken back (it serves an old target, is to retire, or the group stopped dispatching: held, unavailable, shutting down).
-    pub fn promote(self: &Arc<Self>, index: u32, generation: u64, served: bool) -> bool {
+    pub fn promote(self: &Arc<Self>, index: u32, generation: u64, held: Held) -> bool {
         let mut g = self.lock();
         let current = g.target.as_ref().map(|t| t.epoch);
         let dispatching = SlotGroup::dispatching(&g) && !g.shutting_down;
@@ -319,17 +327,22 @@ impl SlotGroup {
             return false;
         };
         let keep = dispatching && !slot.retiring && slot.target.as_ref().map(|t| t.epoch) == current;
-        if served {
+        if held != Held::NotRun {
             slot.requests += 1;
         }
-        let done = std::mem::replace(&mut slot.holder, slot.ahead.pop_front());
+        // The next one's hold starts now, not when it was written behind this one.
+        let next = slot.ahead.pop_front().map(|h| Holder {
+            since: Instant::now(),
+            ..h
+        });
+        let done = std::mem::replace(&mut slot.holder, next);
         let moved = slot.holder.is_some();
         if moved {
             g.ahead = g.ahead.saturating_sub(1);
             self.metrics.pipeline.ahead.dec();
         }
         if let Some(h) = done {
-            if g.queue.release(h) {
+            if g.queue.release(h, held) {
                 self.pump(&mut g);
             }
         }
@@ -356,7 +369,7 @@ impl SlotGroup {
         };
         g.ahead = g.ahead.saturating_sub(1);
         self.metrics.pipeline.ahead.dec();
-        if g.queue.release(holder) {
+        if g.queue.release(holder, Held::NotRun) {
             self.pump(&mut g);
         }
     }

@@ -4,6 +4,7 @@ use bytes::Bytes;
 use osprey_protocol::{ErrorCode, Frame, Kind};
 
 use super::*;
+use crate::pool::wait_queue::{Held, HEAVY};
 use crate::request::streams::{outbox, ClientShared, Inbox};
 
 struct Fixture {
@@ -105,9 +106,15 @@ impl Fixture {
         got
     }
 
-    /// The worker of `slot` finished its job: what it takes next, as (conn index, stream).
+    /// The worker of `slot` finished its job, a short one: what it takes next, as
+    /// (conn index, stream).
     fn done(&self, slot: u32) -> Option<(usize, u32)> {
-        match self.pool.next_job(slot, self.links[slot as usize].0, true) {
+        self.ended(slot, Held::Ran(Duration::from_millis(1)))
+    }
+
+    /// [`Fixture::done`] for a job that held its worker as `held` says.
+    fn ended(&self, slot: u32, held: Held) -> Option<(usize, u32)> {
+        match self.pool.next_job(slot, self.links[slot as usize].0, held) {
             Next::Job(j) => Some(self.name(&j)),
             Next::Idle => None,
             Next::Quit | Next::Gone => panic!("slot {slot} must stay"),
@@ -239,7 +246,7 @@ fn prefetched_jobs_count_as_held_and_are_released_in_turn() {
     assert_eq!(f.pool.view().1[0].pipeline, 3);
     assert_eq!(f.pool.outstanding(), Some(2 + 1 + 2), "queued + running + ahead");
     // The running one ends: A's second runs now, and A may have one more behind it.
-    assert!(f.pool.promote(0, gen, true));
+    assert!(f.pool.promote(0, gen, Held::Ran(Duration::from_millis(1))));
     let a3 = f.pool.prefetch(0, gen).expect("A's third");
     assert_eq!(f.name(&a3), (0, 3));
     assert_eq!(f.pool.view().1[0].pipeline, 3);
@@ -289,7 +296,7 @@ fn an_opening_job_is_never_prefetched() {
     );
     assert_eq!(f.pool.queue_depth(), 2);
     // A worker that ends its request takes it (as its next job, not behind another).
-    match f.pool.next_job(0, gen0, true) {
+    match f.pool.next_job(0, gen0, Held::Ran(Duration::from_millis(1))) {
         crate::pool::Next::Job(j) => assert!(j.opens.is_some(), "the opening job, at its turn"),
         _ => panic!("a job"),
     }
@@ -308,9 +315,15 @@ fn no_prefetch_for_a_retiring_or_retargeted_worker() {
     assert!(f.pool.prefetch(0, gen).is_some());
     f.pool.quit_requested(0, gen);
     assert!(f.pool.prefetch(0, gen).is_none(), "retiring: it gets no more");
-    assert!(f.pool.promote(0, gen, true), "what it has it may still serve");
+    assert!(
+        f.pool.promote(0, gen, Held::Ran(Duration::from_millis(1))),
+        "what it has it may still serve"
+    );
     f.pool.set_target("other", settings("other"));
-    assert!(!f.pool.promote(0, gen, true), "re-targeted: take back what is ahead");
+    assert!(
+        !f.pool.promote(0, gen, Held::Ran(Duration::from_millis(1))),
+        "re-targeted: take back what is ahead"
+    );
     assert!(f.pool.prefetch(0, gen).is_none());
 }
 
@@ -439,8 +452,7 @@ fn nothing_is_prefetched_behind_or_for_a_heavy_connection() {
     let mut f = fixture(2, 2, &[], no_caps());
     f.submit(0, 1);
     let (a_slot, _) = f.delivered().pop().expect("A runs");
-    std::thread::sleep(crate::pool::wait_queue::HEAVY + Duration::from_millis(10));
-    assert_eq!(f.done(a_slot), None, "A's first held its worker past HEAVY");
+    assert_eq!(f.ended(a_slot, Held::Ran(HEAVY)), None, "A's first ran for HEAVY");
     f.submit(0, 2); // A runs again, on an idle worker
     f.submit(1, 1); // B too
     let running = f.delivered();
@@ -468,6 +480,73 @@ fn nothing_is_prefetched_behind_or_for_a_heavy_connection() {
         .prefetch(a, f.links[a as usize].0)
         .expect("B's third goes behind A's");
     assert_eq!(f.name(&ahead), (1, 3));
+}
+
+/// Heaviness is the worker's measure of the request, not the dispatcher's clock: a
+/// `SELECT 1` whose END the dispatcher read late (the machine stalled it) leaves its
+/// connection light. Judged from the pick to the END, one stall put the next request of
+/// a client with one short query at a time behind every flooder in turn (CI saw 0.6 s).
+#[test]
+fn a_late_end_does_not_make_a_short_request_heavy() {
+    let mut f = fixture(1, 1, &[], no_caps());
+    let id = f.conns[0].0.id;
+    f.submit(0, 1);
+    let (slot, _) = f.delivered().pop().expect("A runs");
+    std::thread::sleep(HEAVY + Duration::from_millis(10));
+    f.ended(slot, Held::Ran(Duration::from_millis(1)));
+    assert!(!f.pool.lock().queue.is_heavy(id), "it ran for 1 ms");
+    // The worker's measure says heavy: heavy, however soon the END came.
+    f.submit(0, 2);
+    let (slot, _) = f.delivered().pop().expect("A runs again");
+    f.ended(slot, Held::Ran(HEAVY));
+    assert!(f.pool.lock().queue.is_heavy(id), "it ran for HEAVY");
+}
+
+/// A request written behind another (prefetch) holds its worker from when it becomes
+/// the worker's current one, not from when it was written: its wait behind the other
+/// is not its weight. And one that never ran leaves its connection's judgement as it was.
+#[test]
+fn a_prefetched_request_is_judged_from_its_start() {
+    let mut f = fixture(1, 2, &[], no_caps());
+    let gen = f.links[0].0;
+    let b = f.conns[1].0.id;
+    f.submit(0, 1);
+    f.submit(1, 1);
+    assert_eq!(f.delivered().len(), 1, "A's first runs");
+    let b1 = f.pool.prefetch(0, gen).expect("B's first goes behind it");
+    assert_eq!(f.name(&b1), (1, 1));
+    std::thread::sleep(HEAVY + Duration::from_millis(10));
+    assert!(
+        f.pool.promote(0, gen, Held::Ran(Duration::from_millis(1))),
+        "B's is current now"
+    );
+    // No END from the worker for B's (its statement was cancelled and drained, say): the
+    // time since it became current, a moment.
+    assert_eq!(f.ended(0, Held::SinceStart), None);
+    assert!(
+        !f.pool.lock().queue.is_heavy(b),
+        "B's waited behind A's, but ran for a moment"
+    );
+
+    // B heavy now; its next, written behind A's, is taken back before it ran: B stays heavy.
+    f.submit(1, 2);
+    let (_, b2) = f.delivered().pop().expect("B's second runs");
+    assert_eq!(f.name(&b2), (1, 2));
+    assert_eq!(f.ended(0, Held::Ran(HEAVY)), None);
+    assert!(f.pool.lock().queue.is_heavy(b));
+    f.submit(0, 2);
+    f.delivered();
+    f.submit(1, 3);
+    assert!(f.pool.prefetch(0, gen).is_some(), "B alone waits: behind A's second");
+    f.pool.unprefetch(0, gen);
+    assert!(f.pool.lock().queue.is_heavy(b), "a request that never ran says nothing");
+    // The worker is lost with A's second running: no END, so A's second held it from
+    // its start until now.
+    let a = f.conns[0].0.id;
+    assert!(!f.pool.lock().queue.is_heavy(a));
+    std::thread::sleep(HEAVY + Duration::from_millis(10));
+    f.pool.kill(0, gen, "test");
+    assert!(f.pool.lock().queue.is_heavy(a), "A's second held its worker past HEAVY");
 }
 
 #[test]
@@ -633,7 +712,8 @@ fn a_new_target_retires_old_workers() {
     f.pool.set_target("n", settings("n"));
     assert!(idle_quit.is_cancelled(), "idle worker not told to quit");
     assert!(matches!(
-        f.pool.next_job(busy, f.links[busy as usize].0, true),
+        f.pool
+            .next_job(busy, f.links[busy as usize].0, Held::Ran(Duration::from_millis(1))),
         Next::Quit
     ));
     let (jobs, mut late_rx) = mpsc::channel(LINK_JOBS);

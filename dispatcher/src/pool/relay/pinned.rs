@@ -16,6 +16,7 @@ use tokio::time::Instant as TokioInstant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::pool::wait_queue::Held;
 use crate::request::job::Job;
 use crate::request::session::{GatePermit, PinnedTo, Session};
 use crate::request::streams::StreamGuard;
@@ -408,8 +409,9 @@ impl Relay {
                 if failed {
                     return Err(LinkError::WorkerFatal);
                 }
-                // Back to the group: its next job, idle, or QUIT_NOW.
-                self.advance(current, true).await
+                // Back to the group: its next job, idle, or QUIT_NOW. The session held its
+                // worker from its opening until now.
+                self.advance(current, Held::SinceStart).await
             }
             Kind::Ping | Kind::Pong | Kind::Started => Ok(false),
             _ => Err(LinkError::UnexpectedKind),

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::pool::stash::next_frame;
+use crate::pool::wait_queue::Held;
 use crate::pool::Next;
 use crate::request::job::{fail_later, Job};
 
@@ -191,7 +192,7 @@ impl Relay {
                         self.top_up(current).await?;
                     } else {
                         // Skipped (cancelled meanwhile): the slot wants its next job.
-                        quit_sent |= self.advance(current, false).await?;
+                        quit_sent |= self.advance(current, Held::NotRun).await?;
                     }
                 }
                 _ = self.quit.cancelled(), if !busy && !quit_sent => {
@@ -355,20 +356,22 @@ impl Relay {
                     if dr.fatal {
                         return Err(LinkError::WorkerFatal);
                     }
-                    *quit_sent |= self.next(current, drain, true).await?;
+                    // Its END says how long it ran, but the worker was held until now.
+                    *quit_sent |= self.next(current, drain, Held::SinceStart).await?;
                 } else {
                     let Some(cur) = current.take() else {
                         return Err(LinkError::NoRequest);
                     };
                     if cur.returned {
                         self.requeue(cur);
-                        *quit_sent |= self.next(current, drain, false).await?;
+                        *quit_sent |= self.next(current, drain, Held::NotRun).await?;
                         return Ok(());
                     }
-                    if self.finish(cur, frame).await? {
+                    let (fatal, held) = self.finish(cur, frame).await?;
+                    if fatal {
                         return Err(LinkError::WorkerFatal);
                     }
-                    *quit_sent |= self.next(current, drain, true).await?;
+                    *quit_sent |= self.next(current, drain, held).await?;
                 }
             }
             // For the current request: it runs (or may) already.
@@ -521,19 +524,19 @@ impl Relay {
         }
     }
 
-    /// After the current request ended (`served`: the worker ran it): the next one
-    /// written to the worker becomes current, or else the pool's next job, idle, or
-    /// QUIT_NOW. Ok(true): QUIT_NOW sent.
+    /// After the current request ended (`held`: how long the worker ran it, if it did):
+    /// the next one written to the worker becomes current, or else the pool's next job,
+    /// idle, or QUIT_NOW. Ok(true): QUIT_NOW sent.
     pub(super) async fn next(
         &mut self,
         current: &mut Option<Current>,
         drain: &mut Option<Draining>,
-        served: bool,
+        held: Held,
     ) -> Result<bool, LinkError> {
         let Some(a) = self.ahead.pop_front() else {
-            return self.advance(current, served).await;
+            return self.advance(current, held).await;
         };
-        let keep = self.pool.promote(self.slot, self.generation, served);
+        let keep = self.pool.promote(self.slot, self.generation, held);
         self.head_ws = Some(a.wstream);
         match a.state {
             AheadState::Waiting(job, _) if !keep && !a.started => {
@@ -580,19 +583,19 @@ impl Relay {
     }
 
     /// After a request: the next queued job, idle, or QUIT_NOW. Ok(true): QUIT_NOW sent.
-    pub(super) async fn advance(&mut self, current: &mut Option<Current>, mut served: bool) -> Result<bool, LinkError> {
+    pub(super) async fn advance(&mut self, current: &mut Option<Current>, mut held: Held) -> Result<bool, LinkError> {
         if self.pinned.is_some() {
             // The session's next statement comes from its own queue.
             return Ok(false);
         }
         loop {
-            match self.pool.next_job(self.slot, self.generation, served) {
+            match self.pool.next_job(self.slot, self.generation, held) {
                 Next::Job(job) => {
                     if self.start(current, job).await? {
                         self.top_up(current).await?;
                         return Ok(false);
                     }
-                    served = false;
+                    held = Held::NotRun;
                 }
                 Next::Idle => return Ok(false),
                 Next::Quit => {
@@ -604,10 +607,14 @@ impl Relay {
         }
     }
 
-    /// Relays END (with the time the request waited) and accounts for the
-    /// request. Ok(true): the worker is exiting (fatal database error).
-    pub(super) async fn finish(&mut self, mut cur: Current, frame: Frame) -> Result<bool, LinkError> {
+    /// Relays END (with the time the request waited) and accounts for the request.
+    /// Ok((fatal, held)): whether the worker is exiting (fatal database error), and how
+    /// long it ran the request by its own measure.
+    pub(super) async fn finish(&mut self, mut cur: Current, frame: Frame) -> Result<(bool, Held), LinkError> {
         let (frame, end) = with_queue_time(frame, cur.queue_time);
+        let held = end
+            .as_ref()
+            .map_or(Held::SinceStart, |e| Held::Ran(Duration::from_micros(e.server_time_us)));
         self.session_statement_ended(end.as_ref(), cur.fatal);
         if let (Some(digest), Some(end)) = (&cur.digest, &end) {
             self.record(&cur, digest, end);
@@ -642,7 +649,7 @@ impl Relay {
         env.metrics.outcome(outcome);
         self.traffic.ended(outcome, seconds);
         relayed?;
-        Ok(cur.fatal)
+        Ok((cur.fatal, held))
     }
 
     /// Accounts the execution with the policy (statistics, slow accounting, slow log).
