@@ -10,7 +10,7 @@ use osprey_client::{Client, ErrorCode};
 use osprey_protocol::{Cancel, ErrorBody, Frame, Kind};
 use osprey_tests::harness::wait_for;
 
-use crate::raw::{request, Raw};
+use crate::raw::{request, Got, Raw};
 use crate::{assert_closed_loop, cluster, describe, metric, serial};
 
 /// Streams of the abusive connection: the whole of the default per-connection stream cap.
@@ -334,6 +334,12 @@ async fn flooders_cannot_starve_a_newcomer(depth: u32) {
         added.len(),
         sent.len()
     );
+    // A stalled SELECT 1 is rare: were most of them heavy, the rule's measure would be wrong.
+    assert!(
+        demoted * 4 <= sent.len(),
+        "{demoted} of {} after one that ran for HEAVY",
+        sent.len()
+    );
     println!(
         "newcomer beside {FLOODERS} flooders at depth {depth}: {} queries ({demoted} after one \
          that ran for HEAVY), wait p50 {:?} max {:?}; after the first free worker p50 {:?} \
@@ -365,4 +371,142 @@ async fn flooders_cannot_starve_a_newcomer_with_prefetch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flooders_cannot_starve_a_newcomer_one_at_a_time() {
     flooders_cannot_starve_a_newcomer(1).await;
+}
+
+/// What A and B ask for in [`first_served`]: well under `HEAVY`, long enough to order them.
+const SHORT: &str = "SELECT SLEEP(0.02)";
+
+/// With one worker, held by C's statement: A asks for [`SHORT`] first, B 100 ms later.
+/// Whom the worker serves first once C's ends: a light A (it holds none, its last request
+/// was short) is first in the first class; a heavy one waits in the second class, behind B.
+/// (Each runs 20 ms, so the one served second is answered 20 ms after the other.)
+async fn first_served(
+    d: &osprey_tests::harness::Dispatcher,
+    a_asks: impl std::future::Future<Output = ()>,
+    b: &Client,
+    c: &Client,
+) -> &'static str {
+    let c = c.clone();
+    let hold = tokio::spawn(async move { c.query("SELECT SLEEP(0.6)", &[]).await });
+    wait_for(Duration::from_secs(5), "C holds the worker", || async {
+        let s = d.status().await.ok()?;
+        (s["pool"]["busy"] == 1 && s["pool"]["queue_depth"] == 0).then_some(())
+    })
+    .await
+    .unwrap();
+    let a = async {
+        a_asks.await;
+        Instant::now()
+    };
+    let b = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        b.query(SHORT, &[]).await.expect("B's statement");
+        Instant::now()
+    };
+    let t0 = Instant::now();
+    let (a_done, b_done) = tokio::join!(a, b);
+    hold.await.unwrap().expect("C's statement");
+    println!("A answered after {:?}, B after {:?}", a_done - t0, b_done - t0);
+    if a_done < b_done {
+        "A"
+    } else {
+        "B"
+    }
+}
+
+/// A statement that failed, or was stopped at its timeout, held its worker until then,
+/// though its END (after an ERROR) carries no time: its connection is heavy (review of
+/// the fix that judged the weight by END's `server_time_us`, which reads 0 there and made
+/// it light).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_that_failed_late_makes_its_connection_heavy() {
+    use osprey_client::RequestExt;
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\npipeline_depth = 1\n").await;
+    let d = &c.dispatcher;
+    let (a, b, holder) = (
+        d.client().await.unwrap(),
+        d.client().await.unwrap(),
+        d.client().await.unwrap(),
+    );
+    // A light to begin with: its last request ran briefly (the rule's own measure; a
+    // first statement on a fresh worker may not).
+    let mut ran = Vec::new();
+    while ran.last().is_none_or(|r| *r >= Duration::from_millis(10)) {
+        assert!(ran.len() < 5, "SELECT 1 ran {ran:?}");
+        ran.push(a.query("SELECT 1", &[]).await.unwrap().summary.server_time);
+    }
+    let asks = async { a.query(SHORT, &[]).await.map(drop).expect("A's statement") };
+    assert_eq!(
+        first_served(d, asks, &b, &holder).await,
+        "A",
+        "A is light: first come first"
+    );
+
+    // The database's error after 300 ms (the subquery is read after the SLEEP).
+    let e = a
+        .query("SELECT IF(SLEEP(0.3) = 0, (SELECT 1 UNION SELECT 2), 0)", &[])
+        .await
+        .expect_err("more than one row");
+    assert_eq!(e.errno(), Some(1242), "{}", describe(&e));
+    let asks = async { a.query(SHORT, &[]).await.map(drop).expect("A's statement") };
+    assert_eq!(first_served(d, asks, &b, &holder).await, "B", "A is heavy: B first");
+    // A's last ran 20 ms: light again. Then a statement stopped at its timeout.
+    let asks = async { a.query(SHORT, &[]).await.map(drop).expect("A's statement") };
+    assert_eq!(first_served(d, asks, &b, &holder).await, "A", "A is light again");
+    let slow = osprey_client::Request::sql("SELECT SLEEP(5)").with_timeout(Duration::from_millis(300));
+    let e = a.send(slow).await.expect_err("a timeout");
+    assert_eq!(e.code(), ErrorCode::RequestTimeout, "{}", describe(&e));
+    let asks = async { a.query(SHORT, &[]).await.map(drop).expect("A's statement") };
+    assert_eq!(first_served(d, asks, &b, &holder).await, "B", "A is heavy: B first");
+    assert_closed_loop(&c, &[&a, &b, &holder], 1).await;
+}
+
+/// A result the worker wrote at once, but whose client took it slowly, held the worker
+/// until the client had it all: the worker's own time (a moment) is not the weight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_a_client_takes_slowly_make_its_connection_heavy() {
+    let _serial = serial().await;
+    let c = cluster("[pool]\nsize = 1\npipeline_depth = 1\nbatch_rows = 10\n").await;
+    let d = &c.dispatcher;
+    let (b, holder) = (d.client().await.unwrap(), d.client().await.unwrap());
+    // A window of two frames per stream: one row (COLUMNS, ROWS) goes through at once.
+    let (mut a, ack) = Raw::open_with_window(d.client_addr, &d.client_token, 2).await;
+    assert_eq!(ack.stream_window, 2);
+    a.expect_query_ok(1, "SELECT 1").await;
+    assert_eq!(
+        first_served(d, a.expect_query_ok(2, SHORT), &b, &holder).await,
+        "A",
+        "A is light: first come first"
+    );
+
+    // Three ROWS frames of 10 KB: the worker writes them at once, two wait for A's
+    // credit, which A gives 300 ms later.
+    a.send(request(3, "SELECT REPEAT('x', 1000) FROM seq_1_to_30")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.send(Frame::new(Kind::Window, 3, &osprey_protocol::Window { increment: 16 }))
+        .await;
+    let mut kinds = Vec::new();
+    loop {
+        match a.next_data(Duration::from_secs(10)).await {
+            Got::Frame(f) if f.stream == 3 && f.kind == Kind::End => {
+                let end: osprey_protocol::End = f.body().expect("END body");
+                assert!(
+                    end.server_time_us < 100_000,
+                    "the worker took {} µs: the test needs a result it writes at once",
+                    end.server_time_us
+                );
+                break;
+            }
+            Got::Frame(f) if f.stream == 3 => kinds.push(f.kind),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(kinds, [Kind::Columns, Kind::Rows, Kind::Rows, Kind::Rows]);
+    assert_eq!(
+        first_served(d, a.expect_query_ok(4, SHORT), &b, &holder).await,
+        "B",
+        "A is heavy: B first"
+    );
+    assert_closed_loop(&c, &[&b, &holder], 1).await;
 }

@@ -27,6 +27,7 @@ impl Relay {
         if let Poll::Ready(alive) = futures::poll!(&mut forward) {
             return Ok(alive);
         }
+        self.client_waits += 1;
         let mut link_error = None;
         if self.unflushed {
             // The worker must not wait on the client with us. A failure is reported once
@@ -99,6 +100,7 @@ impl Relay {
         if let Poll::Ready(v) = futures::poll!(&mut work) {
             return Ok(v);
         }
+        self.client_waits += 1;
         if self.unflushed {
             // The worker must not wait on the client with us.
             self.flush().await.map_err(GiveUp::Link)?;

@@ -85,6 +85,8 @@ struct Current {
     stalled: bool,
     /// A data frame was withheld (after a CANCEL): the result cannot end as a success.
     data_dropped: bool,
+    /// [`Relay::client_waits`] when it became current.
+    client_waits: u64,
     /// The statement's digest (interception on, one statement): END accounts it.
     digest: Option<osprey_sql::Digest>,
     /// The REQUEST as received (its bytes are held by the stream's budget until the end
@@ -190,6 +192,10 @@ pub struct Relay {
     /// hand (buffered whole), the requests written at their ENDs go out together, in one
     /// write (see [`Relay::flush_soon`]).
     unflushed: bool,
+    /// Times a frame waited for its client (its queue or its stream's credit): the
+    /// current request held its worker for the client too if this moved while it was
+    /// current ([`Current::client_waits`]).
+    client_waits: u64,
     /// The session the worker is pinned to (protocol 1.5; see `pinned.rs`).
     pinned: Option<pinned::Pinned>,
     /// The group's holds (a switchover, the primary lost): a pinned session ends.
@@ -237,6 +243,7 @@ impl Relay {
             head_ws: None,
             stash: Stash::default(),
             unflushed: false,
+            client_waits: 0,
             holds,
             pinned: None,
         }

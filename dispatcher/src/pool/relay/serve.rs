@@ -517,6 +517,7 @@ impl Relay {
             fatal: false,
             stalled: false,
             data_dropped: false,
+            client_waits: self.client_waits,
             digest: job.digest,
             request: job.frame,
             multi_results: job.multi_results,
@@ -609,12 +610,10 @@ impl Relay {
 
     /// Relays END (with the time the request waited) and accounts for the request.
     /// Ok((fatal, held)): whether the worker is exiting (fatal database error), and how
-    /// long it ran the request by its own measure.
+    /// long the request held it.
     pub(super) async fn finish(&mut self, mut cur: Current, frame: Frame) -> Result<(bool, Held), LinkError> {
         let (frame, end) = with_queue_time(frame, cur.queue_time);
-        let held = end
-            .as_ref()
-            .map_or(Held::SinceStart, |e| Held::Ran(Duration::from_micros(e.server_time_us)));
+        let ran = end.as_ref().map(|e| Duration::from_micros(e.server_time_us));
         self.session_statement_ended(end.as_ref(), cur.fatal);
         if let (Some(digest), Some(end)) = (&cur.digest, &end) {
             self.record(&cur, digest, end);
@@ -649,6 +648,15 @@ impl Relay {
         env.metrics.outcome(outcome);
         self.traffic.ended(outcome, seconds);
         relayed?;
+        // The worker's measure, unless the worker was held for more than its statement:
+        // its frames waited for the client, or it failed or was stopped (END after an
+        // ERROR carries no time). Then the wall clock since it became current.
+        let plain = !(cur.errored || cur.cancel_sent || cur.stalled || cur.data_dropped)
+            && self.client_waits == cur.client_waits;
+        let held = match ran {
+            Some(ran) if plain => Held::Ran(ran),
+            _ => Held::SinceStart,
+        };
         Ok((cur.fatal, held))
     }
 
