@@ -529,7 +529,7 @@ pub(crate) async fn answer(
                 rows: out.sent_rows,
                 server_time_us: elapsed,
                 queue_time_us: 0,
-                gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_string()),
+                gtid: (!acc.gtid.is_empty()).then(|| acc.gtid.to_text()),
                 in_transaction: acc.in_transaction,
                 info: acc.info.clone(),
                 autocommit: acc.autocommit,
