@@ -375,7 +375,7 @@ impl Call {
                 if self.error.is_some() {
                     return Ok(None);
                 }
-                let end: End = frame.body().map_err(bad)?;
+                let end = End::from_frame(&frame).map_err(bad)?;
                 if let Some(gtid) = &end.gtid {
                     self.inner.saw_gtid(&self.req.cluster, gtid);
                 }
