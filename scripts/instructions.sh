@@ -1,38 +1,50 @@
 #!/usr/bin/env bash
-# User-space instructions per request of the worker or the dispatcher, counted by
-# callgrind under a point-select load (docs/BENCHMARKS.md, "Step 4"). Unlike the
-# benchmark's CPU time, the count is nearly the same from run to run whatever else the
-# machine does, so it can tell a few per cent apart.
-#   scripts/instructions.sh worker|dispatcher [BIN_DIR=target/release]
-# worker: W=2, C=16, both workers under callgrind; dispatcher: W=8, C=64.
+# User-space instructions per request of the worker, the dispatcher or the load generator
+# (osprey-bench itself: the SDK's side), counted by callgrind under a point-select load, or
+# another of the bench's workloads (docs/BENCHMARKS.md, "Step 4"). Unlike the benchmark's
+# CPU time, the count is nearly the same from run to run whatever else the machine does, so
+# it can tell a few per cent apart.
+#   scripts/instructions.sh worker|dispatcher|loadgen [BIN_DIR=target/release] [WORKLOAD=point-select]
+# worker: W=2, C=16, both workers under callgrind; dispatcher: W=8, C=64; loadgen: W=2, C=16.
 # Counts a 15 s window after 8 s of load (callgrind_control zeroes, then dumps), and
 # divides by the requests osprey_requests_total counted in it. Needs valgrind, and the
 # release build of osprey-bench, osprey-dispatcher and osprey-worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?worker or dispatcher}
+what=${1:?worker, dispatcher or loadgen}
 bin=$(realpath "${2:-target/release}")
+workload=${3:-point-select}
 work=$(mktemp -d /tmp/osprey-instructions-XXXXXX)
 trap 'pkill -f "$work/osprey-bench" || true; rm -rf "$work"' EXIT
 # The bench starts the binaries next to itself: a copy of it with wrappers beside it.
 cp "$bin/osprey-bench" "$work/"
 cp "$bin/osprey-dispatcher" "$work/osprey-dispatcher"
 cp "$bin/osprey-worker" "$work/osprey-worker"
+bench=("$work/osprey-bench")
 case $what in
   worker) wrapped=osprey-worker; args=(--clients 16 --workers 2) ;;
   dispatcher) wrapped=osprey-dispatcher; args=(--clients 64 --workers 8) ;;
-  *) echo "worker or dispatcher" >&2; exit 2 ;;
+  loadgen)
+    wrapped=
+    args=(--clients 16 --workers 2)
+    bench=(valgrind --tool=callgrind --log-file="$work/valgrind.log" --callgrind-out-file="$work/cg.%p.out" "$work/osprey-bench")
+    ;;
+  *) echo "worker, dispatcher or loadgen" >&2; exit 2 ;;
 esac
-mv "$work/$wrapped" "$work/$wrapped.real"
-cat > "$work/$wrapped" <<EOW
+if [ -n "$wrapped" ]; then
+  mv "$work/$wrapped" "$work/$wrapped.real"
+  cat > "$work/$wrapped" <<EOW
 #!/usr/bin/env bash
 exec valgrind --tool=callgrind --callgrind-out-file=$work/cg.%p.out $work/$wrapped.real "\$@" 2>>$work/valgrind.log
 EOW
-chmod +x "$work/$wrapped"
-"$work/osprey-bench" --targets osprey --workloads point-select "${args[@]}" --duration 40 --warmup 1 \
+  chmod +x "$work/$wrapped"
+fi
+"${bench[@]}" --targets osprey --workloads "$workload" "${args[@]}" --duration 60 --warmup 1 \
   >"$work/bench.log" 2>&1 &
-for _ in $(seq 1 180); do
+bench_pid=$!
+for _ in $(seq 1 300); do
   grep -q "run: target=osprey" "$work/bench.log" && break
+  kill -0 "$bench_pid" 2>/dev/null || break
   sleep 1
 done
 grep -q "run: target=osprey" "$work/bench.log" || { cat "$work/bench.log" >&2; exit 1; }

@@ -397,6 +397,19 @@ mod tests {
         assert_eq!(GtidPos::parse(&text[1..]).unwrap().to_string(), "1-1-1");
     }
 
+    #[test]
+    fn a_server_s_form_takes_the_plain_path() {
+        for text in ["0-1-42", "00-01-0042", "4294967295-4294967295-18446744073709551615"] {
+            let g = parse_plain(text.as_bytes()).expect(text);
+            assert_eq!(Ok(GtidPos::single(g)), general(text));
+        }
+        // Past each number's range: the general path's refusal.
+        for text in ["4294967296-1-1", "1-4294967296-1", "1-1-18446744073709551616"] {
+            assert_eq!(parse_plain(text.as_bytes()), None, "{text}");
+            assert!(matches!(GtidPos::parse(text), Err(GtidError::Malformed(_))), "{text}");
+        }
+    }
+
     proptest! {
         #[test]
         fn merge_is_commutative_idempotent_and_dominates(a in arb_pos(), b in arb_pos()) {
