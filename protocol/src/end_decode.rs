@@ -26,19 +26,8 @@ impl End {
     /// The body when it is in the form a worker writes; `None` when it is not (serde
     /// decides then).
     pub fn decode_common(payload: &[u8]) -> Option<End> {
-        let mut r = Reader::new(payload);
-        let n = r.map_len()?;
         let mut end = End::default();
-        // Which fields were seen: serde refuses a duplicate and a missing required one.
-        let mut seen = 0u16;
-        for _ in 0..n {
-            let name = r.fixstr()?;
-            let f = field(name)?;
-            let bit = 1u16 << f;
-            if seen & bit != 0 {
-                return None;
-            }
-            seen |= bit;
+        let seen = Reader::new(payload).fields(field, |f, r| {
             // The arms in field()'s order.
             match f {
                 0 => end.affected_rows = r.uint()?,
@@ -52,13 +41,15 @@ impl End {
                 8 => end.info = r.opt(Reader::text)?,
                 _ => end.autocommit = r.opt(Reader::boolean)?,
             }
-        }
+            Some(())
+        })?;
+        // serde refuses a body without a required field.
         (seen & REQUIRED == REQUIRED).then_some(end)
     }
 }
 
 /// The bit of each field in `seen` (`End`'s order); `None` for another name.
-fn field(name: &[u8]) -> Option<u16> {
+fn field(name: &[u8]) -> Option<u32> {
     Some(match name {
         b"affected_rows" => 0,
         b"last_insert_id" => 1,
@@ -76,4 +67,4 @@ fn field(name: &[u8]) -> Option<u16> {
 
 /// The fields without a serde default: affected_rows, warnings, rows, server_time_us,
 /// queue_time_us.
-const REQUIRED: u16 = 0b11_1101;
+const REQUIRED: u32 = 0b11_1101;

@@ -21,6 +21,29 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A map whose keys are field names, each at most once (serde refuses a duplicate):
+    /// `field` gives a name's index (under 32), `each` reads that field's value. `None`
+    /// on an unknown or repeated name, or where `each` refuses. The fields seen, a bit per
+    /// index.
+    pub(crate) fn fields(
+        &mut self,
+        field: impl Fn(&[u8]) -> Option<u32>,
+        mut each: impl FnMut(u32, &mut Self) -> Option<()>,
+    ) -> Option<u32> {
+        let n = self.map_len()?;
+        let mut seen = 0u32;
+        for _ in 0..n {
+            let f = field(self.fixstr()?)?;
+            let bit = 1u32 << f;
+            if seen & bit != 0 {
+                return None;
+            }
+            seen |= bit;
+            each(f, self)?;
+        }
+        Some(seen)
+    }
+
     /// The elements of an array (fixarray, array 16 or array 32).
     pub(crate) fn array_len(&mut self) -> Option<usize> {
         match self.byte()? {

@@ -27,19 +27,8 @@ impl Request {
 
     /// The body when it is in a common form; `None` when it is not (serde decides then).
     pub fn decode_common(payload: &[u8]) -> Option<Request> {
-        let mut r = Reader::new(payload);
-        let n = r.map_len()?;
         let mut q = Request::default();
-        // Which fields were seen: serde refuses a duplicate.
-        let mut seen = 0u32;
-        for _ in 0..n {
-            let name = r.fixstr()?;
-            let f = field(name)?;
-            let bit = 1u32 << f;
-            if seen & bit != 0 {
-                return None;
-            }
-            seen |= bit;
+        Reader::new(payload).fields(field, |f, r| {
             // The arms in field()'s order.
             match f {
                 0 => q.sql = r.text()?,
@@ -50,7 +39,7 @@ impl Request {
                     if len > r.remaining() {
                         return None;
                     }
-                    q.params = (0..len).map(|_| value(&mut r)).collect::<Option<_>>()?;
+                    q.params = (0..len).map(|_| value(r)).collect::<Option<_>>()?;
                 }
                 2 => {
                     if r.array_len()? != 0 {
@@ -72,7 +61,8 @@ impl Request {
                 15 => q.raw_rows = r.boolean()?,
                 _ => q.schema = r.opt(Reader::text)?,
             }
-        }
+            Some(())
+        })?;
         Some(q)
     }
 }
