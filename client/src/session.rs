@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
-use osprey_protocol::{End, ErrorBody, ErrorCode, Frame, Kind, Request, SessionOpened, TransactionOutcome, Value};
+use osprey_protocol::{End, ErrorBody, ErrorCode, Kind, Request, SessionOpened, TransactionOutcome, Value};
 
 use crate::client::Inner;
 use crate::connection::{ConnHandle, StreamGuard};
@@ -132,16 +132,13 @@ impl Session {
             ..request
         };
         let cluster = request.cluster.clone();
-        let mut stream = conn
-            .open(2, |id| Frame::new(Kind::Request, id, &request))
-            .await
-            .map_err(|_| {
-                Error::client(
-                    ErrorCode::ConnectFailed,
-                    false,
-                    "the connection closed before the session opened",
-                )
-            })?;
+        let mut stream = conn.open(2, |id| request.to_frame(id)).await.map_err(|_| {
+            Error::client(
+                ErrorCode::ConnectFailed,
+                false,
+                "the connection closed before the session opened",
+            )
+        })?;
         let id = stream.id;
         let answer = async {
             let mut error = None;

@@ -347,7 +347,7 @@ impl Call {
         let bad = |e: osprey_protocol::ProtocolError| Error::protocol(&e);
         match frame.kind {
             Kind::Columns => {
-                let c: Columns = frame.body().map_err(bad)?;
+                let c = Columns::from_frame(&frame).map_err(bad)?;
                 self.yielded = true;
                 self.has_result_set = true;
                 Ok(Some(Event::ResultSet(Arc::new(ResultSetMeta {
@@ -402,7 +402,7 @@ impl Call {
     /// Waits for a usable connection and opens a stream on it.
     async fn start(&mut self) -> Result<StreamGuard, Error> {
         if let Some(conn) = self.session.clone() {
-            let frame = Frame::new(Kind::Request, 0, &self.req);
+            let frame = self.req.to_frame(0);
             let _waiting = self.inner.enter_waiting()?;
             return conn
                 .open_in_session(self.inner.cfg.stream_buffer, |id| frame.with_stream(id))
@@ -421,7 +421,7 @@ impl Call {
                 let left = d.saturating_duration_since(Instant::now());
                 req.timeout_ms = (left.as_millis() as u64).max(1);
             }
-            let frame = Frame::new(Kind::Request, 0, &req);
+            let frame = req.to_frame(0);
             self.req = req;
             if frame.payload.len() > conn.shared.max_payload {
                 return Err(Error::client(

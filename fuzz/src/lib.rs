@@ -93,8 +93,25 @@ pub fn check_body_of_kind(kind: Kind, payload: Bytes) {
             }
             request_by_hand(&frame);
         }
-        Kind::Columns => drop(decoded::<Columns>(&frame)),
-        Kind::Rows => drop(decoded::<Rows>(&frame)),
+        Kind::Columns => {
+            // The hand-written decoder (the SDK's and the MySQL front end's hot path) says
+            // what serde says, or leaves it to serde.
+            let serde = decoded::<Columns>(&frame);
+            if let Some(fast) = Columns::decode_common(&frame.payload) {
+                assert_eq!(Some(&fast), serde.as_ref(), "COLUMNS decoded by hand differs from serde");
+            }
+            assert_eq!(
+                Columns::from_frame(&frame).map_err(|e| e.to_string()),
+                frame.body::<Columns>().map_err(|e| e.to_string())
+            );
+        }
+        Kind::Rows => {
+            // The hand-written encoder (the worker's hot path) writes serde's bytes.
+            if let Some(rows) = decoded::<Rows>(&frame) {
+                let serde = rmp_serde::to_vec_named(&rows).expect("ROWS serialises");
+                assert_eq!(Rows::encode(&rows.rows), serde, "ROWS encoded by hand differs from serde");
+            }
+        }
         Kind::End => {
             // The hand-written decoder (the dispatcher's hot path) says what serde says,
             // or leaves it to serde; the hand-written encoder writes serde's bytes.
@@ -501,10 +518,15 @@ pub fn check_frame_input(data: &[u8]) {
 }
 
 /// The hand-written `REQUEST` decoder (the dispatcher's and the worker's hot path) says
-/// what serde says, or leaves it to serde (compared as their encodings: NaN included).
+/// what serde says, or leaves it to serde (compared as their encodings: NaN included); the
+/// hand-written encoder writes serde's bytes.
 pub fn request_by_hand(frame: &Frame) {
     let named = |r: &Request| rmp_serde::to_vec_named(r).expect("a decoded body serialises");
     let serde = frame.body::<Request>();
+    if let Ok(r) = &serde {
+        // The hand-written encoder (the SDK's and the MySQL front end's) writes serde's bytes.
+        assert_eq!(r.encode(), named(r), "REQUEST encoded by hand differs from serde");
+    }
     if let Some(fast) = Request::decode_common(&frame.payload) {
         let serde = serde.as_ref().expect("REQUEST decoded by hand where serde refuses it");
         assert_eq!(named(&fast), named(serde), "REQUEST decoded by hand differs from serde");

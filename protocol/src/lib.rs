@@ -7,6 +7,7 @@
 
 pub mod body;
 pub mod codec;
+pub mod columns_decode;
 pub mod end_decode;
 pub mod end_encode;
 pub mod error;
@@ -15,9 +16,12 @@ pub mod gtid;
 pub mod link_socket;
 pub mod local;
 mod msgpack_read;
+mod msgpack_write;
 pub mod mysql_auth;
 pub mod raw_rows;
 pub mod request_decode;
+pub mod request_encode;
+pub mod rows_encode;
 pub mod value;
 
 pub use body::*;

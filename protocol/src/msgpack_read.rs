@@ -1,5 +1,5 @@
 //! Reading the MessagePack forms our hand-written decoders take (`end_decode`,
-//! `request_decode`).
+//! `request_decode`, `columns_decode`).
 
 /// A cursor over a body. Every read is `None` where the bytes are not of the expected
 /// form (or end too soon): the caller leaves the body to serde then.

@@ -23,12 +23,12 @@ use serde::de::{self, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-const TAG_UINT: u8 = 2;
-const TAG_DECIMAL: u8 = 5;
-const TAG_DATE: u8 = 6;
-const TAG_TIME: u8 = 7;
-const TAG_BIT: u8 = 8;
-const TAG_JSON: u8 = 9;
+pub(crate) const TAG_UINT: u8 = 2;
+pub(crate) const TAG_DECIMAL: u8 = 5;
+pub(crate) const TAG_DATE: u8 = 6;
+pub(crate) const TAG_TIME: u8 = 7;
+pub(crate) const TAG_BIT: u8 = 8;
+pub(crate) const TAG_JSON: u8 = 9;
 
 /// One SQL value. `Date` covers DATE, DATETIME and TIMESTAMP (zero dates are all
 /// zeros); `Time` covers TIME including negative values and values over 24 hours.

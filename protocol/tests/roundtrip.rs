@@ -390,6 +390,40 @@ proptest! {
         prop_assert_eq!(frame.body::<End>().unwrap(), b);
     }
 
+    /// `Rows::encode` (by hand, the worker's hot path) gives serde's bytes exactly, values
+    /// of every kind and integers of every width included.
+    #[test]
+    fn rows_encoded_by_hand_are_serdes(
+        stream in arb_data_stream(),
+        rows in prop::collection::vec(prop::collection::vec(arb_value_any_width(), 0..20), 0..20),
+    ) {
+        prop_assert_eq!(Rows::encode(&rows), rmp_serde::to_vec_named(&Rows { rows: rows.clone() }).unwrap());
+        let frame = Rows::to_frame(&rows, stream);
+        prop_assert_eq!((frame.kind, frame.stream), (Kind::Rows, stream));
+        let back: Rows = frame.body().unwrap();
+        let sent = Rows { rows };
+        prop_assert!(same_rows(&sent, &back), "{sent:?} came back as {back:?}");
+    }
+
+    /// `Request::encode` (by hand, the SDK's and the MySQL front end's hot path) gives
+    /// serde's bytes exactly, every optional field present or absent.
+    #[test]
+    fn request_encoded_by_hand_is_serdes(
+        stream in arb_data_stream(),
+        b in arb_request(),
+        params in prop::collection::vec(arb_value_any_width(), 0..20),
+        blob_params in prop::collection::vec(any::<u16>(), 0..20),
+        read_your_writes in prop::option::of(any::<bool>()),
+    ) {
+        let b = Request { params, blob_params, read_your_writes, ..b };
+        prop_assert_eq!(b.encode(), rmp_serde::to_vec_named(&b).unwrap());
+        let frame = b.to_frame(stream);
+        prop_assert_eq!((frame.kind, frame.stream), (Kind::Request, stream));
+        let back: Request = frame.body().unwrap();
+        let sent = Request { read_your_writes: None, ..b };
+        prop_assert!(same_request(&sent, &back), "{sent:?} came back as {back:?}");
+    }
+
     /// `End::decode_common` (by hand, the dispatcher's hot path) reads what `End::encode`
     /// writes, integers of every width included, without falling back to serde.
     #[test]
@@ -480,6 +514,74 @@ proptest! {
         mangle in (any::<prop::sample::Index>(), any::<u8>(), 0u8..3),
     ) {
         request_agrees(&mangled(rmp_serde::to_vec_named(&b).unwrap(), mangle));
+    }
+
+    /// `Columns::decode_common` (by hand: the SDK's and the MySQL front end's hot path)
+    /// reads what a worker writes, integers of every width included, without falling back
+    /// to serde.
+    #[test]
+    fn columns_decoded_by_hand_are_serdes(
+        result_set in any::<u32>(),
+        columns in prop::collection::vec((arb_column(), proptest::array::uniform4(0u32..32)), 0..20),
+        shift in 0u32..32,
+    ) {
+        let columns = columns
+            .into_iter()
+            .map(|(c, s)| Column {
+                flags: c.flags >> (s[0] % 16),
+                charset: c.charset >> (s[1] % 16),
+                length: c.length >> s[2],
+                column_type: c.column_type >> (s[3] % 8),
+                ..c
+            })
+            .collect();
+        let b = Columns { result_set: result_set >> shift, columns };
+        let frame = Frame::new(Kind::Columns, 3, &b);
+        prop_assert_eq!(Columns::decode_common(&frame.payload), Some(b.clone()));
+        prop_assert_eq!(Columns::from_frame(&frame).unwrap(), b);
+    }
+
+    /// COLUMNS as a map, and one of its columns as a map, changed entry by entry as END's
+    /// above: the fast path takes what serde takes, and refuses what serde would read
+    /// differently.
+    #[test]
+    fn columns_decoded_by_hand_agree_on_any_map(
+        b in arb_columns(),
+        edits in prop::collection::vec((0u8..6, any::<prop::sample::Index>(), 0usize..ODD_VALUES), 0..4),
+        column_edits in prop::collection::vec((0u8..6, any::<prop::sample::Index>(), 0usize..ODD_VALUES), 0..4),
+        which in any::<prop::sample::Index>(),
+        count_off in prop::sample::select(vec![0i32, 0, 0, -1, 1]),
+        column_count_off in prop::sample::select(vec![0i32, 0, 0, -1, 1]),
+    ) {
+        let mut entries = map_entries(&rmp_serde::to_vec_named(&b).unwrap());
+        if !b.columns.is_empty() {
+            let i = which.index(b.columns.len());
+            let mut column = map_entries(&rmp_serde::to_vec_named(&b.columns[i]).unwrap());
+            edit_entries(&mut column, &column_edits);
+            let mut list = [vec![0xDC], (b.columns.len() as u16).to_be_bytes().to_vec()].concat();
+            for (j, c) in b.columns.iter().enumerate() {
+                match j == i {
+                    true => list.extend(map_payload(&column, column.len() as i32 + column_count_off)),
+                    false => list.extend(rmp_serde::to_vec_named(c).unwrap()),
+                }
+            }
+            let at = entries.iter().position(|(name, _)| name == "columns").unwrap();
+            entries[at].1 = list;
+        }
+        edit_entries(&mut entries, &edits);
+        columns_agree(&map_payload(&entries, entries.len() as i32 + count_off));
+    }
+
+    /// Whatever the bytes, the fast path says what serde says or leaves it to serde: a
+    /// worker's COLUMNS mangled at one place, and arbitrary bytes.
+    #[test]
+    fn columns_decoded_by_hand_never_disagree_with_serde(
+        b in arb_columns(),
+        mangle in (any::<prop::sample::Index>(), any::<u8>(), 0u8..3),
+        noise in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        columns_agree(&mangled(rmp_serde::to_vec_named(&b).unwrap(), mangle));
+        columns_agree(&noise);
     }
 
     #[test]
@@ -1421,24 +1523,13 @@ fn end_decoded_by_hand_agrees_for_every_field_and_value() {
 /// agrees with serde on each.
 #[test]
 fn request_decoded_by_hand_agrees_for_every_field_and_value() {
+    // The fast path takes no batch, blob_params or vars.
     let b = Request {
-        sql: "SELECT ?".into(),
         params: vec![Value::Int(-1), Value::Text("x".into())],
-        read_only: true,
-        idempotent: true,
-        force_primary: true,
-        timeout_ms: 5,
-        cluster: Some("c".into()),
-        causal_gtid: Some("0-1-2".into()),
-        open_session: true,
-        session: Some(3),
-        text_rows: true,
-        prepared: true,
-        prepare_only: true,
-        multi_results: true,
-        raw_rows: true,
-        schema: Some("s".into()),
-        ..Request::default()
+        batch: Vec::new(),
+        blob_params: Vec::new(),
+        vars: Vec::new(),
+        ..every_field()
     };
     let full = rmp_serde::to_vec_named(&b).unwrap();
     assert!(Request::decode_common(&full).is_some());
@@ -1673,4 +1764,188 @@ fn mangled(mut bytes: Vec<u8>, (at, byte, how): (prop::sample::Index, u8, u8)) -
         _ => bytes.insert(i, byte),
     }
     bytes
+}
+
+/// [`arb_value`], with integers often small (an arbitrary one shifted right): every header
+/// width of both signs comes up.
+fn arb_value_any_width() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        arb_value(),
+        (any::<i64>(), 0u32..64).prop_map(|(v, s)| Value::Int(v >> s)),
+        (any::<u64>(), 0u32..64).prop_map(|(v, s)| Value::UInt(v >> s)),
+        (any::<(u16, u32)>(), proptest::array::uniform7(0u32..32)).prop_map(|((y, u), s)| Value::Date {
+            year: y >> (s[0] % 16),
+            month: 200 >> (s[1] % 8),
+            day: 31 >> (s[2] % 8),
+            hour: 255 >> (s[3] % 8),
+            minute: 59,
+            second: 128,
+            micro: u >> s[6],
+        }),
+        (any::<(bool, u32, u32)>(), proptest::array::uniform4(0u32..32)).prop_map(|((n, d, u), s)| Value::Time {
+            negative: n,
+            days: d >> s[0],
+            hours: 255 >> (s[1] % 8),
+            minutes: 127,
+            seconds: 128 >> (s[2] % 8),
+            micros: u >> s[3],
+        }),
+    ]
+}
+
+/// `Rows::encode` and serde agree at every edge of an integer's, a string's, a binary's and
+/// an array's header sizes.
+#[test]
+fn rows_encoded_by_hand_are_serdes_at_every_edge() {
+    let same = |rows: Vec<Vec<Value>>, what: &str| {
+        assert_eq!(
+            Rows::encode(&rows),
+            rmp_serde::to_vec_named(&Rows { rows }).unwrap(),
+            "{what}"
+        );
+    };
+    let ints = [
+        i64::MIN,
+        -(1 << 31) - 1,
+        -(1 << 31),
+        -32_769,
+        -32_768,
+        -129,
+        -128,
+        -33,
+        -32,
+        -1,
+        0,
+        1,
+        127,
+        128,
+        255,
+        256,
+        65_535,
+        65_536,
+        (1 << 32) - 1,
+        1 << 32,
+        i64::MAX,
+    ];
+    for v in ints {
+        same(
+            vec![vec![Value::Int(v), Value::UInt(v as u64)]],
+            &format!("integer {v}"),
+        );
+    }
+    for len in [0, 15, 16, 31, 32, 255, 256, 65_535, 65_536, 70_000] {
+        let text = "x".repeat(len);
+        let values = vec![
+            Value::Text(text.clone()),
+            Value::Bytes(text.clone().into_bytes()),
+            Value::Decimal(text.clone()),
+            Value::Json(text.clone()),
+            Value::Bit(text.into_bytes()),
+        ];
+        same(vec![values], &format!("length {len}"));
+        same(vec![vec![Value::Null; len]], &format!("a row of {len} values"));
+        same(vec![Vec::new(); len], &format!("{len} rows"));
+    }
+}
+
+/// `Request::encode` and serde agree with every optional field present (a map of more
+/// than 15 entries: map 16), with none, and at every header size of its texts and arrays.
+#[test]
+fn request_encoded_by_hand_is_serdes_at_every_edge() {
+    for b in [every_field(), Request::default(), Request::sql("SELECT 1")] {
+        assert_eq!(b.encode(), rmp_serde::to_vec_named(&b).unwrap(), "{b:?}");
+    }
+    for len in [0, 15, 16, 31, 32, 255, 256, 65_535, 65_536, 70_000] {
+        let text = "y".repeat(len);
+        let b = Request {
+            sql: text.clone(),
+            params: vec![Value::Null; len],
+            batch: vec![
+                Statement {
+                    sql: text.clone(),
+                    params: Vec::new(),
+                };
+                len.min(300)
+            ],
+            schema: Some(text.clone()),
+            vars: vec![(text.clone(), text); len.min(20)],
+            blob_params: vec![7; len],
+            ..Request::default()
+        };
+        assert_eq!(b.encode(), rmp_serde::to_vec_named(&b).unwrap(), "length {len}");
+    }
+}
+
+fn arb_columns() -> impl Strategy<Value = Columns> {
+    (any::<u32>(), prop::collection::vec(arb_column(), 0..5))
+        .prop_map(|(result_set, columns)| Columns { result_set, columns })
+}
+
+/// The fast path reads `payload` as serde does, or leaves it to serde.
+fn columns_agree(payload: &[u8]) {
+    let frame = Frame::with_payload(Kind::Columns, 1, bytes::Bytes::from(payload.to_vec()));
+    let serde = frame.body::<Columns>().map_err(|e| e.to_string());
+    if let Some(fast) = Columns::decode_common(payload) {
+        assert_eq!(Ok(fast), serde, "{payload:02x?}");
+    }
+    assert_eq!(Columns::from_frame(&frame).map_err(|e| e.to_string()), serde);
+}
+
+/// Every field of COLUMNS and of its column removed, repeated, and given each of
+/// [`odd_value`]'s values in turn: the fast path agrees with serde on each.
+#[test]
+fn columns_decoded_by_hand_agree_for_every_field_and_value() {
+    let column = Column {
+        name: "c".into(),
+        table: "t".into(),
+        column_type: 253,
+        flags: 4097,
+        charset: 45,
+        length: 480,
+        decimals: 39,
+    };
+    let b = Columns {
+        result_set: 1,
+        columns: vec![column.clone()],
+    };
+    let full = rmp_serde::to_vec_named(&b).unwrap();
+    assert_eq!(Columns::decode_common(&full), Some(b));
+    let entries = map_entries(&full);
+    let check = |entries: &[(String, Vec<u8>)]| columns_agree(&map_payload(entries, entries.len() as i32));
+    each_field_changed(&entries, check);
+    let at = entries.iter().position(|(name, _)| name == "columns").unwrap();
+    each_field_changed(&map_entries(&rmp_serde::to_vec_named(&column).unwrap()), |c| {
+        let mut outer = entries.clone();
+        outer[at].1 = [vec![0x91], map_payload(c, c.len() as i32)].concat();
+        check(&outer);
+    });
+}
+
+/// A request with every field set (`read_your_writes` too, which is not on the wire).
+fn every_field() -> Request {
+    Request {
+        sql: "SELECT ?".into(),
+        params: vec![Value::Int(-33)],
+        batch: vec![Statement {
+            sql: "SELECT 1".into(),
+            params: vec![Value::Null],
+        }],
+        read_only: true,
+        idempotent: true,
+        force_primary: true,
+        timeout_ms: 65_536,
+        cluster: Some("c".into()),
+        causal_gtid: Some("0-1-2".into()),
+        open_session: true,
+        session: Some(u32::MAX),
+        text_rows: true,
+        prepared: true,
+        blob_params: vec![0, 65_535],
+        prepare_only: true,
+        multi_results: true,
+        raw_rows: true,
+        schema: Some("db".into()),
+        vars: vec![("names".into(), "utf8mb4".into())],
+        read_your_writes: Some(true),
+    }
 }

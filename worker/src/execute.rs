@@ -1359,12 +1359,10 @@ impl<'o> Emitter<'o> {
     /// Sends the rows gathered so far (flushing the link if `flush`).
     async fn flush_rows(&mut self, flush: bool) -> Result<(), LinkGone> {
         if !self.rows.is_empty() {
-            let rows = Rows {
-                rows: std::mem::take(&mut self.rows),
-            };
-            self.sent_rows += rows.rows.len() as u64;
+            self.sent_rows += self.rows.len() as u64;
             self.bytes = 0;
-            self.link.push(&Frame::new(Kind::Rows, self.stream, &rows));
+            self.link.push(&Rows::to_frame(&self.rows, self.stream));
+            self.rows.clear();
         }
         if !self.raw.is_empty() {
             let payload = osprey_protocol::raw_rows::encode(&self.raw);

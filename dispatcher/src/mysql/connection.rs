@@ -978,7 +978,7 @@ impl Conn {
     /// comes to `sink`.
     async fn run_stream(&mut self, request: Request, sink: &mut Option<Sink<'_>>) -> Result<Answer, Ended> {
         let stream = self.stream_id();
-        let frame = Frame::new(Kind::Request, stream, &request);
+        let frame = request.to_frame(stream);
         let draining = self.ctx.draining.is_cancelled();
         if let Err(e) = admit(&self.ctx, &self.shared, &self.sessions, frame, draining).await {
             return Err(Ended::Internal(e.message));
@@ -1001,7 +1001,7 @@ impl Conn {
             let bad = |e: osprey_protocol::ProtocolError| Ended::Internal(format!("bad frame from a worker: {e}"));
             match frame.kind {
                 Kind::Columns => {
-                    let cols: Columns = frame.body().map_err(bad)?;
+                    let cols = Columns::from_frame(&frame).map_err(bad)?;
                     if let Some(sink) = sink {
                         sink.columns(cols, answer.had_rows, self.status()).await?;
                     }
@@ -1283,7 +1283,7 @@ impl Conn {
             cluster: self.cluster.clone(),
             ..Default::default()
         };
-        let frame = Frame::new(Kind::Request, stream, &request);
+        let frame = request.to_frame(stream);
         let draining = self.ctx.draining.is_cancelled();
         admit(&self.ctx, &self.shared, &self.sessions, frame, draining).await?;
         let mut error = None;
