@@ -5,6 +5,8 @@
 # CPU time, the count is nearly the same from run to run whatever else the machine does, so
 # it can tell a few per cent apart.
 #   scripts/instructions.sh worker|dispatcher|loadgen [BIN_DIR=target/release] [WORKLOAD=point-select]
+# WORKLOAD is one of the bench's workloads, or sysbench:TEST (e.g. sysbench:oltp_point_select,
+# through the MySQL port; loadgen then counts nothing of sysbench's own).
 # worker: W=2, C=16, both workers under callgrind; dispatcher: W=8, C=64; loadgen: W=2, C=16.
 # Counts a 15 s window after 8 s of load (callgrind_control zeroes, then dumps), and
 # divides by the requests osprey_requests_total counted in it. Needs valgrind, and the
@@ -39,15 +41,22 @@ exec valgrind --tool=callgrind --callgrind-out-file=$work/cg.%p.out $work/$wrapp
 EOW
   chmod +x "$work/$wrapped"
 fi
-"${bench[@]}" --targets osprey --workloads "$workload" "${args[@]}" --duration 60 --warmup 1 \
+# sysbench:TEST runs sysbench's own TEST through the MySQL port instead.
+# sysbench runs straight at the primary first, then through Osprey: wait for the first run's
+# line.
+case $workload in
+  sysbench:*) load=(--sysbench "${workload#sysbench:}" --rows 1000 --pairs 1); started="direct: " ;;
+  *) load=(--workloads "$workload"); started="run: target=osprey" ;;
+esac
+"${bench[@]}" --targets osprey "${load[@]}" "${args[@]}" --duration 60 --warmup 1 \
   >"$work/bench.log" 2>&1 &
 bench_pid=$!
 for _ in $(seq 1 300); do
-  grep -q "run: target=osprey" "$work/bench.log" && break
+  grep -q "$started" "$work/bench.log" && break
   kill -0 "$bench_pid" 2>/dev/null || break
   sleep 1
 done
-grep -q "run: target=osprey" "$work/bench.log" || { cat "$work/bench.log" >&2; exit 1; }
+grep -q "$started" "$work/bench.log" || { cat "$work/bench.log" >&2; exit 1; }
 sleep 8
 config=$(ls -td /tmp/osprey-bench-*/ | head -1)osprey.toml
 admin=$(sed -n 's/^admin = "\(.*\)"/\1/p' "$config")
@@ -56,7 +65,7 @@ requests() {
     awk '/^osprey_requests_total/ { s += $NF } END { printf "%d", s }'
 }
 before=$(requests)
-callgrind_control -z >/dev/null 2>&1
+callgrind_control -z >/dev/null 2>&1 || { echo "callgrind_control -z found no process to count" >&2; exit 1; }
 sleep 15
 after=$(requests)
 callgrind_control -d >/dev/null 2>&1

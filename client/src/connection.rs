@@ -14,7 +14,6 @@
 //! permit are released only when `END` arrives or the connection dies, never when
 //! the caller merely stops listening.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -95,7 +94,7 @@ struct Entry {
 
 #[derive(Default)]
 struct Table {
-    map: HashMap<u32, Entry>,
+    map: foldhash::HashMap<u32, Entry>,
     next_id: u32,
     next_seq: u64,
 }
