@@ -98,7 +98,11 @@ pub fn check_body_of_kind(kind: Kind, payload: Bytes) {
             // what serde says, or leaves it to serde.
             let serde = decoded::<Columns>(&frame);
             if let Some(fast) = Columns::decode_common(&frame.payload) {
-                assert_eq!(Some(&fast), serde.as_ref(), "COLUMNS decoded by hand differs from serde");
+                assert_eq!(
+                    Some(&fast),
+                    serde.as_ref(),
+                    "COLUMNS decoded by hand differs from serde"
+                );
             }
             assert_eq!(
                 Columns::from_frame(&frame).map_err(|e| e.to_string()),
@@ -109,7 +113,11 @@ pub fn check_body_of_kind(kind: Kind, payload: Bytes) {
             // The hand-written encoder (the worker's hot path) writes serde's bytes.
             if let Some(rows) = decoded::<Rows>(&frame) {
                 let serde = rmp_serde::to_vec_named(&rows).expect("ROWS serialises");
-                assert_eq!(Rows::encode(&rows.rows), serde, "ROWS encoded by hand differs from serde");
+                assert_eq!(
+                    Rows::encode(&rows.rows),
+                    serde,
+                    "ROWS encoded by hand differs from serde"
+                );
             }
         }
         Kind::End => {
