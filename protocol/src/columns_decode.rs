@@ -18,10 +18,7 @@ use crate::msgpack_read::Reader;
 impl Columns {
     /// The body of a `COLUMNS` frame, as `frame.body::<Columns>()` decodes it.
     pub fn from_frame(frame: &Frame) -> Result<Columns, ProtocolError> {
-        match Columns::decode_common(&frame.payload) {
-            Some(columns) => Ok(columns),
-            None => frame.body(),
-        }
+        frame.body_fast(Columns::decode_common)
     }
 
     /// The body when it is in the form a worker writes; `None` when it is not (serde

@@ -17,10 +17,7 @@ use crate::msgpack_read::Reader;
 impl End {
     /// The body of an `END` frame, as `frame.body::<End>()` decodes it.
     pub fn from_frame(frame: &Frame) -> Result<End, ProtocolError> {
-        match End::decode_common(&frame.payload) {
-            Some(end) => Ok(end),
-            None => frame.body(),
-        }
+        frame.body_fast(End::decode_common)
     }
 
     /// The body when it is in the form a worker writes; `None` when it is not (serde

@@ -19,10 +19,7 @@ use crate::value::Value;
 impl Request {
     /// The body of a `REQUEST` frame, as `frame.body::<Request>()` decodes it.
     pub fn from_frame(frame: &Frame) -> Result<Request, ProtocolError> {
-        match Request::decode_common(&frame.payload) {
-            Some(request) => Ok(request),
-            None => frame.body(),
-        }
+        frame.body_fast(Request::decode_common)
     }
 
     /// The body when it is in a common form; `None` when it is not (serde decides then).

@@ -1716,12 +1716,23 @@ fn map_payload(entries: &[(String, Vec<u8>)], count: i32) -> Vec<u8> {
 
 /// The fast path reads `payload` as serde does, or leaves it to serde.
 fn end_agrees(payload: &[u8]) {
-    let frame = Frame::with_payload(Kind::End, 1, bytes::Bytes::from(payload.to_vec()));
-    let serde = frame.body::<End>().map_err(|e| e.to_string());
-    if let Some(fast) = End::decode_common(payload) {
+    fast_path_agrees(Kind::End, payload, End::decode_common, End::from_frame);
+}
+
+/// A hand-written decoder (`fast`, and `from_frame` over it) reads `payload` as serde does,
+/// or leaves it to serde.
+fn fast_path_agrees<T: serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(
+    kind: Kind,
+    payload: &[u8],
+    fast: fn(&[u8]) -> Option<T>,
+    from_frame: fn(&Frame) -> Result<T, ProtocolError>,
+) {
+    let frame = Frame::with_payload(kind, 1, bytes::Bytes::from(payload.to_vec()));
+    let serde = frame.body::<T>().map_err(|e| e.to_string());
+    if let Some(fast) = fast(payload) {
         assert_eq!(Ok(fast), serde, "{payload:02x?}");
     }
-    assert_eq!(End::from_frame(&frame).map_err(|e| e.to_string()), serde);
+    assert_eq!(from_frame(&frame).map_err(|e| e.to_string()), serde);
 }
 
 /// `check` on `entries`, then on them with each entry removed, repeated, and given each of
@@ -1883,12 +1894,7 @@ fn arb_columns() -> impl Strategy<Value = Columns> {
 
 /// The fast path reads `payload` as serde does, or leaves it to serde.
 fn columns_agree(payload: &[u8]) {
-    let frame = Frame::with_payload(Kind::Columns, 1, bytes::Bytes::from(payload.to_vec()));
-    let serde = frame.body::<Columns>().map_err(|e| e.to_string());
-    if let Some(fast) = Columns::decode_common(payload) {
-        assert_eq!(Ok(fast), serde, "{payload:02x?}");
-    }
-    assert_eq!(Columns::from_frame(&frame).map_err(|e| e.to_string()), serde);
+    fast_path_agrees(Kind::Columns, payload, Columns::decode_common, Columns::from_frame);
 }
 
 /// Every field of COLUMNS and of its column removed, repeated, and given each of
