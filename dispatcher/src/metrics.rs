@@ -80,6 +80,10 @@ pub struct GroupOutcomeLabel {
     pub outcome: &'static str,
 }
 
+/// How a request that reached a worker ends (`osprey_requests_total{outcome}` and the
+/// group series).
+const RELAYED_OUTCOMES: [&str; 4] = ["ok", "error", "cancelled", "slow_consumer"];
+
 /// 50 µs .. ~52 s: the request latency buckets, overall and per group.
 fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.0, 21))
@@ -110,12 +114,7 @@ impl GroupTraffic {
             member: member.to_owned(),
         };
         GroupTraffic {
-            outcomes: [
-                counter("ok"),
-                counter("error"),
-                counter("cancelled"),
-                counter("slow_consumer"),
-            ],
+            outcomes: RELAYED_OUTCOMES.map(counter),
             latency: metrics.group_latency.get_or_create(&label).clone(),
         }
     }
@@ -215,6 +214,9 @@ pub struct Metrics {
     /// Group Replication: 1 for the group's PRIMARY that writes go to, 0 for the others.
     pub group_primary: Family<MemberLabel, Gauge>,
     pub requests: Family<OutcomeLabel, Counter>,
+    /// The outcomes of requests that reached a worker, each series looked up once: a
+    /// lookup in `requests` hashes its label (every request ends with one).
+    relayed_outcomes: [(&'static str, std::sync::OnceLock<Counter>); 4],
     pub latency: Histogram,
     /// The same per slot group (cluster, role, member): where requests went.
     pub group_requests: Family<GroupOutcomeLabel, Counter>,
@@ -751,6 +753,7 @@ impl Metrics {
             member_role,
             semi_sync,
             requests,
+            relayed_outcomes: RELAYED_OUTCOMES.map(|o| (o, std::sync::OnceLock::new())),
             latency,
             group_requests,
             group_latency,
@@ -797,7 +800,11 @@ impl Metrics {
     }
 
     pub fn outcome(&self, outcome: &'static str) {
-        self.requests.get_or_create(&OutcomeLabel { outcome }).inc();
+        let series = || self.requests.get_or_create(&OutcomeLabel { outcome }).clone();
+        match self.relayed_outcomes.iter().find(|(o, _)| *o == outcome) {
+            Some((_, c)) => c.get_or_init(series).inc(),
+            None => series().inc(),
+        };
     }
 
     /// The request counters by outcome and the latency histogram's buckets, as they are
@@ -863,6 +870,25 @@ fn register_writer_gauges(registry: &mut Registry) -> (Family<MemberLabel, Gauge
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The outcomes looked up once and the others count in the same series, and a series
+    /// appears at its first request, as before the cache.
+    #[test]
+    fn outcomes_cached_or_not_count_in_one_series() {
+        let m = Metrics::new();
+        assert!(!m.encode().contains("outcome=\"ok\""));
+        for _ in 0..3 {
+            m.outcome("ok");
+        }
+        m.outcome("cancelled");
+        m.outcome("QUEUE_FULL");
+        m.outcome("QUEUE_FULL");
+        let get = |outcome| m.requests.get_or_create(&OutcomeLabel { outcome }).get();
+        assert_eq!((get("ok"), get("cancelled"), get("QUEUE_FULL")), (3, 1, 2));
+        let text = m.encode();
+        assert!(text.contains("osprey_requests_total{outcome=\"ok\"} 3"), "{text}");
+        assert!(!text.contains("outcome=\"slow_consumer\""), "{text}");
+    }
 
     fn slot(slot: u32, role: &'static str) -> SlotLabel {
         SlotLabel {

@@ -288,17 +288,22 @@ async fn run(ctx: &Arc<Ctx>, id: u64, window: u32, mut reader: Reader, writer: W
     let mut draining = false;
     let mut goaway_at = Instant::now();
     let mut nonce = 0u64;
+    // Made once: a wait made anew in each round registers with the token and leaves it
+    // again, twice per frame for nothing.
+    let write_failed_wait = write_failed.cancelled();
+    let draining_wait = ctx.draining.cancelled();
+    tokio::pin!(write_failed_wait, draining_wait);
     let close: Option<ErrorBody> = loop {
         // Biased, and the keepalive check last: after the reader was held up (answering
         // into a full queue), frames the client sent meanwhile are read before its
         // silence is judged.
         tokio::select! {
             biased;
-            _ = write_failed.cancelled() => {
+            _ = &mut write_failed_wait => {
                 warn!("client does not take our bytes (write timeout or error); cutting it off");
                 break None;
             }
-            _ = ctx.draining.cancelled(), if !draining => {
+            _ = &mut draining_wait, if !draining => {
                 draining = true;
                 goaway_at = Instant::now();
                 let goaway = GoAway { code: ErrorCode::ShuttingDown, message: "dispatcher is shutting down".into() };

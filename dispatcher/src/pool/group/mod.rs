@@ -15,10 +15,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::AtomicI64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use osprey_protocol::WorkerSettings;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -187,6 +188,8 @@ pub struct SlotGroup {
     busy_tx: watch::Sender<usize>,
     /// What this group last added to the shared gauges (slot states, queue depth).
     published: [AtomicI64; 4],
+    /// The shared `osprey_slots{state}` gauges, each looked up at its first change.
+    state_gauges: [OnceLock<Gauge>; 4],
     published_depth: AtomicI64,
     /// The sessions that pin (or are on their way to pin) this group's workers.
     pub sessions: Arc<SessionGate>,
@@ -257,6 +260,7 @@ impl SlotGroup {
             passive: Mutex::new(None),
             busy_tx: watch::channel(0).0,
             published: Default::default(),
+            state_gauges: Default::default(),
             published_depth: AtomicI64::new(0),
             sessions: Arc::default(),
             server_version: Mutex::default(),

@@ -71,25 +71,22 @@ impl SlotGroup {
     }
 
     /// The gauges are shared by every group: each adds what changed in its own counts.
+    /// Called at every slot's change of state (twice per request when the pool is not
+    /// saturated): one walk of the slots, and each gauge's handle looked up once.
     pub(super) fn publish_states(&self, g: &Inner) {
-        for (i, st) in [
-            SlotState::Starting,
-            SlotState::Idle,
-            SlotState::Busy,
-            SlotState::Quitting,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let n = g.slots.values().filter(|s| s.state == st).count() as i64;
-            if st == SlotState::Busy {
-                self.busy_tx
-                    .send_if_modified(|b| std::mem::replace(b, n as usize) != n as usize);
-            }
+        let mut counts = [0i64; 4];
+        for s in g.slots.values() {
+            counts[state_index(s.state)] += 1;
+        }
+        let busy = counts[state_index(SlotState::Busy)] as usize;
+        self.busy_tx.send_if_modified(|b| std::mem::replace(b, busy) != busy);
+        for (i, n) in counts.into_iter().enumerate() {
             // Under the pool's lock: the swap and the add cannot interleave with another.
             let delta = n - self.published[i].swap(n, Ordering::Relaxed);
             if delta != 0 {
-                self.metrics.slot_state(st.name()).inc_by(delta);
+                self.state_gauges[i]
+                    .get_or_init(|| self.metrics.slot_state(PUBLISHED_STATES[i].name()))
+                    .inc_by(delta);
             }
         }
     }
@@ -100,5 +97,22 @@ impl SlotGroup {
         if delta != 0 {
             self.metrics.queue_depth.inc_by(delta);
         }
+    }
+}
+
+/// The slot states the `osprey_slots{state}` gauges count, in `published`'s order.
+const PUBLISHED_STATES: [SlotState; 4] = [
+    SlotState::Starting,
+    SlotState::Idle,
+    SlotState::Busy,
+    SlotState::Quitting,
+];
+
+fn state_index(st: SlotState) -> usize {
+    match st {
+        SlotState::Starting => 0,
+        SlotState::Idle => 1,
+        SlotState::Busy => 2,
+        SlotState::Quitting => 3,
     }
 }

@@ -29,6 +29,11 @@ impl Relay {
         let far = TokioInstant::now() + Duration::from_secs(86_400 * 365);
         let never = CancellationToken::new();
         let grace = self.grace();
+        // Made once, not in each round of the loop: a wait made anew registers with its
+        // timer or token and leaves it again, in every round while a request runs.
+        let abort = env.abort.cancelled();
+        let deadline_timer = tokio::time::sleep_until(far);
+        tokio::pin!(abort, deadline_timer);
         loop {
             if self.unflushed && !self.frame_at_hand() {
                 // About to wait: whatever was queued for the worker goes out first.
@@ -55,6 +60,9 @@ impl Relay {
                 (None, Some(d)) => d.hard,
                 (None, None) => far,
             };
+            if busy && deadline_timer.deadline() != deadline {
+                deadline_timer.as_mut().reset(deadline);
+            }
             let probe_due = drain.as_ref().map_or(far, |d| later(d.probed, grace));
             // Requests waiting behind a current one that has run for `hold` are taken back.
             let reclaim_due = match &*current {
@@ -69,7 +77,7 @@ impl Relay {
             // starve its own timeout or the keepalive PINGs it needs.
             tokio::select! {
                 biased;
-                _ = sleep_until(deadline), if busy => {
+                _ = &mut deadline_timer, if busy => {
                     if let Some(dr) = drain.take() {
                         warn!(
                             slot = self.slot, conn = dr.conn, stream = dr.stream,
@@ -97,7 +105,7 @@ impl Relay {
                     tokio::spawn(cur.guard.fail(body));
                     return Err(LinkError::RequestTimeout);
                 }
-                _ = env.abort.cancelled(), if busy => {
+                _ = &mut abort, if busy => {
                     self.pool.kill(self.slot, self.generation, "dispatcher shutdown");
                     let Some(cur) = current.take() else {
                         // Draining: its stream was answered already.
