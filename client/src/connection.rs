@@ -578,6 +578,10 @@ async fn writer_task(
     ping_every: Duration,
 ) {
     let mut status = shared.subscribe();
+    // One wait for the whole loop: a wait made anew in each round registers with the
+    // status channel and leaves it again, for every request.
+    let dead = status.wait_for(|s| *s == Status::Dead);
+    tokio::pin!(dead);
     let mut tick = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut nonce = 0u64;
@@ -585,7 +589,7 @@ async fn writer_task(
     loop {
         tokio::select! {
             biased;
-            _ = status.wait_for(|s| *s == Status::Dead) => break,
+            _ = &mut dead => break,
             cmd = cmd_rx.recv() => {
                 let Some(cmd) = cmd else {
                     shared.kill("client dropped");
@@ -618,7 +622,7 @@ async fn writer_task(
         };
         let result = tokio::select! {
             r = write => r,
-            _ = status.wait_for(|s| *s == Status::Dead) => break,
+            _ = &mut dead => break,
         };
         if let Err(e) = result {
             shared.kill(&format!("write failed: {e}"));
@@ -635,10 +639,14 @@ async fn reader_task(
     keepalive_timeout: Duration,
 ) {
     let mut status = shared.subscribe();
+    let dead = status.wait_for(|s| *s == Status::Dead);
     let mut last_rx = Instant::now();
+    // Armed once and moved only when it fires: a frame just moves `last_rx`, where a
+    // timer made anew for each frame would enter the timer wheel and leave it again.
+    let idle = tokio::time::sleep_until(last_rx + keepalive_timeout);
+    tokio::pin!(dead, idle);
     let mut paused: Option<(mpsc::Sender<Frame>, Frame)> = None;
     loop {
-        let idle = tokio::time::sleep_until(last_rx + keepalive_timeout);
         let room = async {
             match &paused {
                 Some((tx, _)) => tx.clone().reserve_owned().await.ok(),
@@ -647,7 +655,7 @@ async fn reader_task(
         };
         tokio::select! {
             biased;
-            _ = status.wait_for(|s| *s == Status::Dead) => break,
+            _ = &mut dead => break,
             permit = room => {
                 let (_, frame) = paused.take().expect("paused");
                 if let Some(p) = permit {
@@ -674,7 +682,12 @@ async fn reader_task(
                     },
                 }
             }
-            _ = idle, if paused.is_none() => {
+            _ = &mut idle, if paused.is_none() => {
+                let due = last_rx + keepalive_timeout;
+                if Instant::now() < due {
+                    idle.as_mut().reset(due);
+                    continue;
+                }
                 shared.kill(&format!("no frame from the dispatcher for {keepalive_timeout:?}"));
                 break;
             }
