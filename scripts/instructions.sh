@@ -8,6 +8,9 @@
 # WORKLOAD is one of the bench's workloads, or sysbench:TEST (e.g. sysbench:oltp_point_select,
 # through the MySQL port; loadgen then counts nothing of sysbench's own).
 # worker: W=2, C=16, both workers under callgrind; dispatcher: W=8, C=64; loadgen: W=2, C=16.
+# CLIENTS=N and WORKERS=N override them (CLIENTS=1: the cost of a request with nothing
+# else in flight, when every hop sleeps and wakes). KEEP=DIR keeps the callgrind files
+# there, for callgrind_annotate.
 # Counts a 15 s window after 8 s of load (callgrind_control zeroes, then dumps), and
 # divides by the requests osprey_requests_total counted in it. Needs valgrind, and the
 # release build of osprey-bench, osprey-dispatcher and osprey-worker.
@@ -17,18 +20,19 @@ what=${1:?worker, dispatcher or loadgen}
 bin=$(realpath "${2:-target/release}")
 workload=${3:-point-select}
 work=$(mktemp -d /tmp/osprey-instructions-XXXXXX)
-trap 'pkill -f "$work/osprey-bench" || true; rm -rf "$work"' EXIT
+keep=${KEEP:-}
+trap 'pkill -f "$work/osprey-bench" || true; if [ -n "$keep" ]; then mkdir -p "$keep"; cp "$work"/cg.* "$keep"/ 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 # The bench starts the binaries next to itself: a copy of it with wrappers beside it.
 cp "$bin/osprey-bench" "$work/"
 cp "$bin/osprey-dispatcher" "$work/osprey-dispatcher"
 cp "$bin/osprey-worker" "$work/osprey-worker"
 bench=("$work/osprey-bench")
 case $what in
-  worker) wrapped=osprey-worker; args=(--clients 16 --workers 2) ;;
-  dispatcher) wrapped=osprey-dispatcher; args=(--clients 64 --workers 8) ;;
+  worker) wrapped=osprey-worker; args=(--clients "${CLIENTS:-16}" --workers "${WORKERS:-2}") ;;
+  dispatcher) wrapped=osprey-dispatcher; args=(--clients "${CLIENTS:-64}" --workers "${WORKERS:-8}") ;;
   loadgen)
     wrapped=
-    args=(--clients 16 --workers 2)
+    args=(--clients "${CLIENTS:-16}" --workers "${WORKERS:-2}")
     bench=(valgrind --tool=callgrind --log-file="$work/valgrind.log" --callgrind-out-file="$work/cg.%p.out" "$work/osprey-bench")
     ;;
   *) echo "worker, dispatcher or loadgen" >&2; exit 2 ;;
