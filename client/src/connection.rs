@@ -31,6 +31,7 @@ use tracing::{debug, info, warn, Instrument};
 
 use crate::config::ClientConfig;
 use crate::error::Error;
+use crate::stream_queue::{queue, QueueRx, QueueTx, TrySendError};
 use crate::tls::{BoxRead, BoxWrite};
 
 /// Frames fed to the socket before one flush.
@@ -87,7 +88,7 @@ pub(crate) enum Cmd {
 struct Entry {
     seq: u64,
     /// `None` once the caller has gone away: later frames are discarded.
-    tx: Option<mpsc::Sender<Frame>>,
+    tx: Option<QueueTx>,
     written: Arc<AtomicBool>,
     _permit: Option<OwnedSemaphorePermit>,
 }
@@ -123,7 +124,7 @@ pub(crate) struct StreamGuard {
     conn: ConnHandle,
     pub id: u32,
     seq: u64,
-    rx: mpsc::Receiver<Frame>,
+    rx: QueueRx,
     written: Arc<AtomicBool>,
     /// Set once `END` (or `ERROR`) was received, or the connection died: no `CANCEL` on drop.
     pub finished: bool,
@@ -322,7 +323,7 @@ impl ConnShared {
 enum Flow {
     Continue,
     /// The stream's channel is full: hold the frame and stop reading until it has room.
-    Pause(mpsc::Sender<Frame>, Frame),
+    Pause(QueueTx, Frame),
     Stop,
 }
 
@@ -383,7 +384,7 @@ impl ConnHandle {
             0 => buffer.max(1),
             w => w as usize + 2,
         };
-        let (tx, rx) = mpsc::channel(capacity);
+        let (tx, rx) = queue(capacity);
         let written = Arc::new(AtomicBool::new(false));
         let (id, seq) = {
             let mut t = self.shared.table.lock().unwrap();
@@ -645,21 +646,22 @@ async fn reader_task(
     // timer made anew for each frame would enter the timer wheel and leave it again.
     let idle = tokio::time::sleep_until(last_rx + keepalive_timeout);
     tokio::pin!(dead, idle);
-    let mut paused: Option<(mpsc::Sender<Frame>, Frame)> = None;
+    let mut paused: Option<(QueueTx, Frame)> = None;
     loop {
         let room = async {
             match &paused {
-                Some((tx, _)) => tx.clone().reserve_owned().await.ok(),
+                Some((tx, _)) => tx.room().await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             biased;
             _ = &mut dead => break,
-            permit = room => {
-                let (_, frame) = paused.take().expect("paused");
-                if let Some(p) = permit {
-                    p.send(frame);
+            room = room => {
+                let (tx, frame) = paused.take().expect("paused");
+                if room {
+                    // The reader is the stream's only sender: the room it saw is there.
+                    let _ = tx.try_send(frame);
                 }
                 last_rx = Instant::now();
                 shared.close_if_drained();
@@ -696,7 +698,9 @@ async fn reader_task(
     // A frame that had already arrived still reaches its stream (it may be its END).
     if let Some((tx, frame)) = paused {
         tokio::spawn(async move {
-            let _ = tx.send(frame).await;
+            if tx.room().await {
+                let _ = tx.try_send(frame);
+            }
         });
     }
 }
@@ -737,34 +741,43 @@ fn route(shared: &ConnShared, frame: Frame, cmd: &mpsc::WeakSender<Cmd>) -> Flow
         }
         return Flow::Continue;
     }
-    let tx = {
-        let mut t = shared.table.lock().unwrap();
-        let Some(e) = t.map.get(&frame.stream) else {
-            debug!(
-                stream = frame.stream,
-                kind = frame.kind.name(),
-                "frame for a stream that is not open; ignored"
-            );
-            return Flow::Continue;
-        };
-        let tx = e.tx.clone();
-        if frame.kind == Kind::End {
-            t.map.remove(&frame.stream);
-            shared.stats.closed.fetch_add(1, Ordering::SeqCst);
-        }
-        tx
+    let mut t = shared.table.lock().unwrap();
+    let Some(e) = t.map.get(&frame.stream) else {
+        debug!(
+            stream = frame.stream,
+            kind = frame.kind.name(),
+            "frame for a stream that is not open; ignored"
+        );
+        return Flow::Continue;
     };
-    let Some(tx) = tx else {
+    if e.tx.is_none() {
         debug!(
             stream = frame.stream,
             kind = frame.kind.name(),
             "frame for a cancelled stream; discarded"
         );
+        if frame.kind == Kind::End {
+            t.map.remove(&frame.stream);
+            shared.stats.closed.fetch_add(1, Ordering::SeqCst);
+        }
         return Flow::Continue;
+    }
+    // Sent under the table's lock (the queue's own lock is only ever taken inside it):
+    // no handle cloned for each frame. END takes the entry's own handle, whose drop
+    // then tells the reader that nothing follows.
+    let result = if frame.kind == Kind::End {
+        let tx = t.map.remove(&frame.stream).and_then(|e| e.tx);
+        shared.stats.closed.fetch_add(1, Ordering::SeqCst);
+        drop(t);
+        let tx = tx.expect("checked above");
+        tx.try_send(frame).map_err(|e| (e, tx))
+    } else {
+        let tx = e.tx.as_ref().expect("checked above");
+        tx.try_send(frame).map_err(|e| (e, tx.clone()))
     };
-    match tx.try_send(frame) {
+    match result {
         Ok(()) => Flow::Continue,
-        Err(mpsc::error::TrySendError::Full(frame)) => Flow::Pause(tx, frame),
-        Err(mpsc::error::TrySendError::Closed(_)) => Flow::Continue,
+        Err((TrySendError::Full(frame), tx)) => Flow::Pause(tx, frame),
+        Err((TrySendError::Closed, _)) => Flow::Continue,
     }
 }

@@ -101,6 +101,7 @@ pub mod retry;
 pub mod rows;
 pub mod session;
 mod stream;
+mod stream_queue;
 pub mod tls;
 
 use std::time::Duration;
