@@ -661,7 +661,8 @@ async fn reader_task(
                 let (tx, frame) = paused.take().expect("paused");
                 if room {
                     // The reader is the stream's only sender: the room it saw is there.
-                    let _ = tx.try_send(frame);
+                    let sent = tx.try_send(frame);
+                    debug_assert!(!matches!(sent, Err(TrySendError::Full(_))), "room taken by another sender");
                 }
                 last_rx = Instant::now();
                 shared.close_if_drained();
@@ -699,7 +700,11 @@ async fn reader_task(
     if let Some((tx, frame)) = paused {
         tokio::spawn(async move {
             if tx.room().await {
-                let _ = tx.try_send(frame);
+                let sent = tx.try_send(frame);
+                debug_assert!(
+                    !matches!(sent, Err(TrySendError::Full(_))),
+                    "room taken by another sender"
+                );
             }
         });
     }
@@ -762,8 +767,8 @@ fn route(shared: &ConnShared, frame: Frame, cmd: &mpsc::WeakSender<Cmd>) -> Flow
         }
         return Flow::Continue;
     }
-    // Sent under the table's lock (the queue's own lock is only ever taken inside it):
-    // no handle cloned for each frame. END takes the entry's own handle, whose drop
+    // Sent under the table's lock (nothing takes the table's lock while holding a
+    // queue's): no handle cloned for each frame. END takes the entry's own handle, whose drop
     // then tells the reader that nothing follows.
     let result = if frame.kind == Kind::End {
         let tx = t.map.remove(&frame.stream).and_then(|e| e.tx);

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Poll, Waker};
+use std::task::{ready, Poll, Waker};
 
 use osprey_protocol::Frame;
 
@@ -132,20 +132,27 @@ pub(crate) struct QueueRx(Arc<Shared>);
 
 impl QueueRx {
     /// The next frame; `None` once every sender is gone and the queue is empty.
-    /// Cancel-safe: a frame is taken only by the poll that returns it.
+    /// Cancel-safe: a frame is taken only by the poll that returns it. It spends the
+    /// task's cooperative budget as tokio's own channels do, so that a caller draining a
+    /// long result the reader keeps feeding still yields to the other tasks of its thread.
     pub(crate) async fn recv(&mut self) -> Option<Frame> {
         poll_fn(|cx| {
+            let coop = ready!(tokio::task::coop::poll_proceed(cx));
             let (frame, waker) = {
                 let mut q = self.0.lock();
                 match q.frames.pop_front() {
                     Some(f) => (f, q.room_waker.take()),
-                    None if q.senders == 0 => return Poll::Ready(None),
+                    None if q.senders == 0 => {
+                        coop.made_progress();
+                        return Poll::Ready(None);
+                    }
                     None => {
                         set_waker(&mut q.recv_waker, cx.waker());
                         return Poll::Pending;
                     }
                 }
             };
+            coop.made_progress();
             if let Some(w) = waker {
                 w.wake();
             }
@@ -260,6 +267,31 @@ mod tests {
         assert!(!reader.is_finished(), "ended while a sender lives");
         drop(tx);
         assert_eq!(within(reader).await.unwrap(), (Some(7), true));
+    }
+
+    /// A caller that drains a queue which always has a frame still lets the other tasks
+    /// of its thread run (tokio's budget: a yield after 128 ready receives).
+    #[tokio::test(flavor = "current_thread")]
+    async fn draining_a_full_queue_yields_to_other_tasks() {
+        let (tx, mut rx) = queue(1000);
+        for n in 0..1000 {
+            tx.try_send(frame(n)).unwrap();
+        }
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ran.clone();
+        tokio::spawn(async move { flag.store(true, std::sync::atomic::Ordering::SeqCst) });
+        let mut before = None;
+        for n in 0..1000 {
+            assert!(rx.recv().await.is_some());
+            if ran.load(std::sync::atomic::Ordering::SeqCst) {
+                before = Some(n);
+                break;
+            }
+        }
+        assert!(
+            before.is_some(),
+            "the other task never ran while 1000 frames were taken"
+        );
     }
 
     /// Cancel-safe: a `recv` dropped before its frame came takes nothing.

@@ -80,8 +80,8 @@ pub struct GroupOutcomeLabel {
     pub outcome: &'static str,
 }
 
-/// How a request that reached a worker ends (`osprey_requests_total{outcome}` and the
-/// group series).
+/// The outcomes the per-group series count, and the ones nearly every request that
+/// reached a worker ends with (`osprey_requests_total{outcome}`: looked up once).
 const RELAYED_OUTCOMES: [&str; 4] = ["ok", "error", "cancelled", "slow_consumer"];
 
 /// 50 µs .. ~52 s: the request latency buckets, overall and per group.
@@ -214,8 +214,8 @@ pub struct Metrics {
     /// Group Replication: 1 for the group's PRIMARY that writes go to, 0 for the others.
     pub group_primary: Family<MemberLabel, Gauge>,
     pub requests: Family<OutcomeLabel, Counter>,
-    /// The outcomes of requests that reached a worker, each series looked up once: a
-    /// lookup in `requests` hashes its label (every request ends with one).
+    /// `requests`' series of [`RELAYED_OUTCOMES`], each looked up once: a lookup in
+    /// `requests` hashes its label, and every request ends with one.
     relayed_outcomes: [(&'static str, std::sync::OnceLock<Counter>); 4],
     pub latency: Histogram,
     /// The same per slot group (cluster, role, member): where requests went.

@@ -30,7 +30,10 @@ impl Relay {
         let never = CancellationToken::new();
         let grace = self.grace();
         // Made once, not in each round of the loop: a wait made anew registers with its
-        // timer or token and leaves it again, in every round while a request runs.
+        // timer or token and leaves it again, in every round while a request runs. (The
+        // timer stays at a finished request's deadline while the worker is idle: one
+        // wake-up for nothing if it stays idle that long, cheaper than moving it twice
+        // per request.)
         let abort = env.abort.cancelled();
         let deadline_timer = tokio::time::sleep_until(far);
         tokio::pin!(abort, deadline_timer);
