@@ -414,6 +414,17 @@ async fn first_served(
     }
 }
 
+/// Waits until the pool's one worker is idle: the request before has ended at the
+/// dispatcher (and its weight was judged), not only at its client.
+async fn worker_free_again(d: &osprey_tests::harness::Dispatcher) {
+    wait_for(Duration::from_secs(10), "the worker idle again", || async {
+        let s = d.status().await.ok()?;
+        (s["pool"]["busy"] == 0 && s["pool"]["idle"] == 1).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
 /// A statement that failed, or was stopped at its timeout, held its worker until then,
 /// though its END (after an ERROR) carries no time: its connection is heavy (review of
 /// the fix that judged the weight by END's `server_time_us`, which reads 0 there and made
@@ -449,6 +460,8 @@ async fn a_statement_that_failed_late_makes_its_connection_heavy() {
         .await
         .expect_err("more than one row");
     assert_eq!(e.errno(), Some(1242), "{}", describe(&e));
+    // The client has the ERROR; the request ends at its END, right behind it.
+    worker_free_again(d).await;
     let asks = async { a.query(SHORT, &[]).await.map(drop).expect("A's statement") };
     assert_eq!(first_served(d, asks, &b, &holder).await, "B", "A is heavy: B first");
     // A's last ran 20 ms: light again. Then a statement stopped at its timeout.
@@ -457,6 +470,10 @@ async fn a_statement_that_failed_late_makes_its_connection_heavy() {
     let slow = osprey_client::Request::sql("SELECT SLEEP(5)").with_timeout(Duration::from_millis(300));
     let e = a.send(slow).await.expect_err("a timeout");
     assert_eq!(e.code(), ErrorCode::RequestTimeout, "{}", describe(&e));
+    // The SDK gives up at its own copy of the timeout, a moment before the dispatcher
+    // stops the statement: until it has, A still holds the worker, and "C holds it" below
+    // could be that statement (a CI run saw A served first that way).
+    worker_free_again(d).await;
     let asks = async { a.query(SHORT, &[]).await.map(drop).expect("A's statement") };
     assert_eq!(first_served(d, asks, &b, &holder).await, "B", "A is heavy: B first");
     assert_closed_loop(&c, &[&a, &b, &holder], 1).await;
