@@ -747,42 +747,38 @@ fn route(shared: &ConnShared, frame: Frame, cmd: &mpsc::WeakSender<Cmd>) -> Flow
         return Flow::Continue;
     }
     let mut t = shared.table.lock().unwrap();
-    let Some(e) = t.map.get(&frame.stream) else {
+    if !t.map.contains_key(&frame.stream) {
         debug!(
             stream = frame.stream,
             kind = frame.kind.name(),
             "frame for a stream that is not open; ignored"
         );
         return Flow::Continue;
+    }
+    // END takes the entry out, with its own handle, whose drop then tells the reader that
+    // nothing follows; any other frame is sent under the table's lock (nothing takes the
+    // table's lock while holding a queue's): no handle cloned for each frame.
+    let ended = if frame.kind == Kind::End {
+        shared.stats.closed.fetch_add(1, Ordering::SeqCst);
+        t.map.remove(&frame.stream)
+    } else {
+        None
     };
-    if e.tx.is_none() {
+    let tx = match &ended {
+        Some(e) => e.tx.as_ref(),
+        None => t.map.get(&frame.stream).and_then(|e| e.tx.as_ref()),
+    };
+    let Some(tx) = tx else {
         debug!(
             stream = frame.stream,
             kind = frame.kind.name(),
             "frame for a cancelled stream; discarded"
         );
-        if frame.kind == Kind::End {
-            t.map.remove(&frame.stream);
-            shared.stats.closed.fetch_add(1, Ordering::SeqCst);
-        }
         return Flow::Continue;
-    }
-    // Sent under the table's lock (nothing takes the table's lock while holding a
-    // queue's): no handle cloned for each frame. END takes the entry's own handle, whose drop
-    // then tells the reader that nothing follows.
-    let result = if frame.kind == Kind::End {
-        let tx = t.map.remove(&frame.stream).and_then(|e| e.tx);
-        shared.stats.closed.fetch_add(1, Ordering::SeqCst);
-        drop(t);
-        let tx = tx.expect("checked above");
-        tx.try_send(frame).map_err(|e| (e, tx))
-    } else {
-        let tx = e.tx.as_ref().expect("checked above");
-        tx.try_send(frame).map_err(|e| (e, tx.clone()))
     };
-    match result {
+    match tx.try_send(frame) {
         Ok(()) => Flow::Continue,
-        Err((TrySendError::Full(frame), tx)) => Flow::Pause(tx, frame),
-        Err((TrySendError::Closed, _)) => Flow::Continue,
+        Err(TrySendError::Full(frame)) => Flow::Pause(tx.clone(), frame),
+        Err(TrySendError::Closed) => Flow::Continue,
     }
 }
