@@ -533,6 +533,39 @@ pub(crate) fn log_says_state_transfer_failed(log_tail: &str) -> bool {
         || (log_tail.contains("State transfer to") && log_tail.contains("failed"))
 }
 
+/// The state-transfer lines of the other nodes' error logs (the donor says why an SST failed;
+/// the joiner only that it did), to go with a joiner's error when it gives up.
+pub(crate) fn peers_state_transfer_lines(node_dir: &Path) -> String {
+    let Some(cluster_dir) = node_dir.parent() else {
+        return String::new();
+    };
+    let Ok(entries) = std::fs::read_dir(cluster_dir) else {
+        return String::new();
+    };
+    let mut peers: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.as_path() != node_dir && p.join("error.log").is_file())
+        .collect();
+    peers.sort();
+    let mut out = String::new();
+    for peer in peers {
+        let text = String::from_utf8_lossy(&std::fs::read(peer.join("error.log")).unwrap_or_default()).into_owned();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.contains("SST") || l.contains("rsync") || l.contains("State transfer") || l.contains("[ERROR]")
+            })
+            .collect();
+        let from = lines.len().saturating_sub(PEER_SST_LINES);
+        out.push_str(&format!("\n--- {} (state transfer lines) ---\n", peer.display()));
+        out.push_str(&lines[from..].join("\n"));
+    }
+    out
+}
+
+/// How many state-transfer lines of each peer's log go with a joiner's error.
+const PEER_SST_LINES: usize = 25;
+
 fn open_tree(dir: &Path) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
     for entry in std::fs::read_dir(dir)? {
@@ -696,6 +729,27 @@ async fn build_template(bins: &Binaries, provider: &Path, base: &Path, dest: &Pa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_joiner_is_told_what_its_peers_logged_of_state_transfers() {
+        let cluster = tempfile::tempdir().unwrap();
+        for (node, log) in [
+            ("node-1", "2026 [Note] WSREP: Shifting SYNCED -> DONOR\nWSREP_SST: [ERROR] rsync returned code 23:\n2026 [Note] WSREP: other\n"),
+            ("node-2", "2026 [Note] WSREP: nothing to do with it\n"),
+            ("node-3", "2026 [Warning] WSREP: State transfer to 2.0 (node-3) failed: Unknown error 255\n"),
+        ] {
+            std::fs::create_dir(cluster.path().join(node)).unwrap();
+            std::fs::write(cluster.path().join(node).join("error.log"), log).unwrap();
+        }
+        let lines = peers_state_transfer_lines(&cluster.path().join("node-3"));
+        assert!(lines.contains("rsync returned code 23"), "{lines}");
+        assert!(lines.contains("node-2 (state transfer lines)"), "{lines}");
+        assert!(!lines.contains("other") && !lines.contains("nothing to do"), "{lines}");
+        assert!(
+            !lines.contains("node-3"),
+            "the joiner's own log is not repeated: {lines}"
+        );
+    }
 
     #[test]
     fn recovered_position_is_read_from_the_log() {

@@ -439,6 +439,19 @@ impl Instance {
                     galera::open_for_sst(self.dir())?;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
+                // The joiner's log says only that the transfer failed: the donor's says why.
+                Err(SandboxError::Exited {
+                    instance,
+                    status,
+                    mut log_tail,
+                }) if self.galera.is_some() && galera::log_says_state_transfer_failed(&log_tail) => {
+                    log_tail.push_str(&galera::peers_state_transfer_lines(self.dir()));
+                    return Err(SandboxError::Exited {
+                        instance,
+                        status,
+                        log_tail,
+                    });
+                }
                 Err(e) => return Err(e),
             }
         }
