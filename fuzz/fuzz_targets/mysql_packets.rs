@@ -68,11 +68,17 @@ fn check_execute(first: u8, body: &[u8]) {
 /// of the ignored connection timeouts, which the client state drops), so a SET the front
 /// end accepts can never make every later statement fail at the worker.
 fn check_text(sql: &str, collation: u8) {
-    let _ = state::several_statements(sql);
-    let _ = state::use_schema(sql);
-    let _ = state::sticky_reason(sql);
-    let _ = state::counter_query(sql);
-    let _ = state::is_plain_end(sql);
+    let code = osprey_sql::Code::of(sql);
+    let facts = state::Facts::of(&code);
+    // The connection asks these of the code read once (a prepared statement's facts are
+    // kept from its PREPARE): the same answers as each question asked of the text alone.
+    assert_eq!(state::several_statements_in(&code), state::several_statements(sql));
+    assert_eq!(state::use_schema_in(sql, &code), state::use_schema(sql));
+    assert_eq!(facts.sticky, state::sticky_reason(sql));
+    assert_eq!(facts.counter, state::counter_query(sql));
+    assert_eq!(facts.plain_end, state::is_plain_end(sql));
+    assert_eq!(facts.controls_session, osprey_sql::controls_session(sql));
+    assert_eq!(vars::parse_set_in(sql, &code), vars::parse_set(sql));
     if let Some(Set::Tracked(assignments)) = vars::parse_set(sql) {
         for (name, value) in &assignments {
             let ok = vars::check(name, value).is_ok();

@@ -30,6 +30,8 @@ pub fn cost(sql: &str, params: &[Column], columns: &[Column]) -> usize {
 #[derive(Debug)]
 pub struct Prepared {
     pub sql: String,
+    /// What each execution would otherwise read from `sql` again.
+    pub facts: crate::state::Facts,
     pub params: Vec<Column>,
     pub columns: Vec<Column>,
     /// The parameter types of the last `EXECUTE` that sent them: (type, unsigned).
@@ -94,6 +96,7 @@ impl Statements {
         self.map.insert(
             self.next_id,
             Prepared {
+                facts: crate::state::Facts::of(&osprey_sql::Code::of(&sql)),
                 sql,
                 params,
                 columns,
@@ -404,6 +407,25 @@ mod tests {
             length: 0,
             decimals: 0,
         }
+    }
+
+    #[test]
+    fn a_prepared_statement_keeps_what_its_text_says() {
+        let mut s = Statements::default();
+        let end = s.add("COMMIT".into(), vec![], vec![]).unwrap();
+        let var = s
+            .add("SELECT @a := ?".into(), vec![col(0xFD)], vec![col(0xFD)])
+            .unwrap();
+        let plain = s
+            .add("SELECT c FROM t WHERE id = ?".into(), vec![col(0xFD)], vec![col(0xFD)])
+            .unwrap();
+        assert!(s.get(end).unwrap().facts.plain_end);
+        assert_eq!(s.get(var).unwrap().facts.sticky, Some("user_variable"));
+        let f = s.get(plain).unwrap().facts;
+        assert_eq!(
+            (f.plain_end, f.counter, f.sticky, f.controls_session),
+            (false, None, None, false)
+        );
     }
 
     #[test]

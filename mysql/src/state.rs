@@ -3,11 +3,18 @@
 //! the client is pinned to one database session.
 
 use osprey_sql::vars::{autocommit_value, Assignment};
+use osprey_sql::Code;
 
 /// Why a client holds a pinned session beyond its transaction (the `pinned` metric's
 /// `reason` label). Only `COM_RESET_CONNECTION` (or the end of the connection) unpins.
 pub fn sticky_reason(sql: &str) -> Option<&'static str> {
-    let code = osprey_sql::code_text(sql).to_ascii_lowercase();
+    sticky_reason_in(&Code::of(sql))
+}
+
+/// [`sticky_reason`] of a statement's [`Code`].
+pub fn sticky_reason_in(code: &Code) -> Option<&'static str> {
+    let statement = code;
+    let code = statement.lower();
     let has = |w: &str| code.contains(w);
     let c = code.as_bytes();
     let user_variable =
@@ -20,9 +27,9 @@ pub fn sticky_reason(sql: &str) -> Option<&'static str> {
         Some("lock")
     } else if has("sql_calc_found_rows") || has("found_rows") {
         Some("found_rows")
-    } else if has("last_insert_id") && counter_query(sql).is_none() {
+    } else if has("last_insert_id") && counter_query_in(statement).is_none() {
         Some("last_insert_id")
-    } else if osprey_sql::touches_session_state(sql) && !only_transaction_control(&code) {
+    } else if statement.touches_session_state() && !only_transaction_control(code) {
         let first = code.split_whitespace().next().unwrap_or("");
         Some(match first {
             "prepare" | "execute" | "deallocate" => "prepare",
@@ -33,6 +40,32 @@ pub fn sticky_reason(sql: &str) -> Option<&'static str> {
         })
     } else {
         None
+    }
+}
+
+/// What the front end asks of every statement before it runs it (the questions only a
+/// text query can raise aside: several statements, `USE`, `SET`). A prepared statement's
+/// are read once, at `COM_STMT_PREPARE`, for all its executions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    /// [`is_plain_end`].
+    pub plain_end: bool,
+    /// [`counter_query`].
+    pub counter: Option<Counter>,
+    /// [`sticky_reason`].
+    pub sticky: Option<&'static str>,
+    /// `osprey_sql::controls_session`: a transaction's control, table locks, autocommit.
+    pub controls_session: bool,
+}
+
+impl Facts {
+    pub fn of(code: &Code) -> Facts {
+        Facts {
+            plain_end: is_plain_end_in(code),
+            counter: counter_query_in(code),
+            sticky: sticky_reason_in(code),
+            controls_session: code.controls_session(),
+        }
     }
 }
 
@@ -135,8 +168,12 @@ fn names_for(collation: u8) -> Option<&'static str> {
 /// Plain `COMMIT` or `ROLLBACK` (no savepoint, no chain/release): outside a transaction
 /// the front end answers them itself, as the server would (OK, nothing to do).
 pub fn is_plain_end(sql: &str) -> bool {
-    let code = osprey_sql::code_text(sql).to_ascii_lowercase();
-    let words: Vec<&str> = code.trim().trim_end_matches(';').split_whitespace().collect();
+    is_plain_end_in(&Code::of(sql))
+}
+
+/// [`is_plain_end`] of a statement's [`Code`].
+pub fn is_plain_end_in(code: &Code) -> bool {
+    let words: Vec<&str> = code.lower().trim().trim_end_matches(';').split_whitespace().collect();
     matches!(
         words.as_slice(),
         ["commit"] | ["commit", "work"] | ["rollback"] | ["rollback", "work"]
@@ -152,7 +189,16 @@ pub enum Counter {
 }
 
 pub fn counter_query(sql: &str) -> Option<Counter> {
-    let code = osprey_sql::code_text(sql).to_ascii_lowercase();
+    counter_query_in(&Code::of(sql))
+}
+
+/// [`counter_query`] of a statement's [`Code`].
+pub fn counter_query_in(code: &Code) -> Option<Counter> {
+    let code = code.lower();
+    // Most statements name neither: no words to gather then.
+    if !code.contains("row_count") && !code.contains("last_insert_id") {
+        return None;
+    }
     let words: String = code
         .trim()
         .trim_end_matches(';')
@@ -170,7 +216,16 @@ pub fn counter_query(sql: &str) -> Option<Counter> {
 /// multi-statements refuses. A compound statement (`BEGIN NOT ATOMIC … END`, `IF`, a loop)
 /// and a stored program's body are one statement.
 pub fn several_statements(sql: &str) -> bool {
-    let code = osprey_sql::code_text(sql).to_ascii_lowercase();
+    several_statements_in(&Code::of(sql))
+}
+
+/// [`several_statements`] of a statement's [`Code`].
+pub fn several_statements_in(code: &Code) -> bool {
+    let code = code.lower();
+    // No `;` in code: one statement, whatever it is.
+    if !code.contains(';') {
+        return false;
+    }
     let mut words = code
         .split(|c: char| c.is_whitespace() || c == ';')
         .filter(|w| !w.is_empty());
@@ -179,7 +234,7 @@ pub fn several_statements(sql: &str) -> bool {
     // stored program's CREATE carries its body; any other CREATE ends at its `;`.
     let compound = match first {
         "begin" => words.next() == Some("not"),
-        "create" | "alter" => osprey_sql::defines_program(&code),
+        "create" | "alter" => osprey_sql::defines_program(code),
         "if" | "case" | "loop" | "while" | "repeat" | "declare" => true,
         _ => first.ends_with(':'),
     };
@@ -205,7 +260,12 @@ pub fn statements(sql: &str) -> Vec<&str> {
 
 /// `USE db` as the front end reads it: the database name, unquoted.
 pub fn use_schema(sql: &str) -> Option<String> {
-    let code = osprey_sql::code_text(sql);
+    use_schema_in(sql, &Code::of(sql))
+}
+
+/// [`use_schema`] with the statement's code already read (`code`: `Code::of(sql)`).
+pub fn use_schema_in(sql: &str, code: &Code) -> Option<String> {
+    let code = code.text();
     let trimmed = code.trim();
     let head = trimmed.get(..4)?;
     if !head.eq_ignore_ascii_case("use ") {
@@ -239,6 +299,40 @@ mod tests {
         assert_eq!(sticky_reason("BEGIN"), None);
         assert_eq!(sticky_reason("START TRANSACTION READ ONLY"), None);
         assert_eq!(sticky_reason("BEGIN NOT ATOMIC SELECT 1; END"), Some("session_state"));
+    }
+
+    #[test]
+    fn a_statements_facts_are_what_each_question_asked_alone_says() {
+        for sql in [
+            "COMMIT",
+            "rollback work;",
+            "SELECT ROW_COUNT()",
+            "select last_insert_id() ;",
+            "SELECT LAST_INSERT_ID() + 1",
+            "/* row_count() */ SELECT 1",
+            "SELECT 'row_count()'",
+            "SELECT @a := 1",
+            "SELECT flushed FROM t",
+            "START TRANSACTION READ ONLY",
+            "SET autocommit = 0",
+            "LOCK TABLES t WRITE",
+            "SELECT c FROM sbtest1 WHERE id = ?",
+            "BEGIN NOT ATOMIC SELECT 1; END",
+        ] {
+            let code = Code::of(sql);
+            let facts = Facts::of(&code);
+            assert_eq!(facts.plain_end, is_plain_end(sql), "{sql}");
+            assert_eq!(facts.counter, counter_query(sql), "{sql}");
+            assert_eq!(facts.sticky, sticky_reason(sql), "{sql}");
+            assert_eq!(facts.controls_session, osprey_sql::controls_session(sql), "{sql}");
+            assert_eq!(several_statements_in(&code), several_statements(sql), "{sql}");
+            assert_eq!(use_schema_in(sql, &code), use_schema(sql), "{sql}");
+        }
+        // The early answers: no counter's name in code, no `;` in code.
+        assert_eq!(counter_query("SELECT ROW_COUNT()"), Some(Counter::RowCount));
+        assert_eq!(counter_query("SELECT 'row_count()'"), None);
+        assert_eq!(counter_query("SELECT LAST_INSERT_ID() + 1"), None);
+        assert!(!several_statements("SELECT 1 /* ; SELECT 2 */"));
     }
 
     #[test]

@@ -16,7 +16,12 @@ pub use digest::{digest, digest_hash, digest_id, parse_digest_id, Digest, KEYWOR
 /// PgBouncer's statement mode) they would leave state behind for the next client, or
 /// break a batch's all-or-nothing. `CREATE`/`ALTER` (a routine's body) are not looked into.
 pub fn controls_session(sql: &str) -> bool {
-    top_level_statements(&code_text(sql)).any(|part| {
+    controls_session_in(&code_text(sql))
+}
+
+/// [`controls_session`] of a statement's [`code_text`].
+fn controls_session_in(code: &str) -> bool {
+    top_level_statements(code).any(|part| {
         let mut words = part
             .split(|c: char| c.is_whitespace() || c == '=' || c == '(')
             .filter(|w| !w.is_empty());
@@ -101,8 +106,45 @@ pub fn code_text(sql: &str) -> String {
         }
     }
     // Only whole characters were blanked (every byte of one inside a quote or a
-    // comment, none in code), so this is still UTF-8.
-    String::from_utf8_lossy(&mask).into_owned()
+    // comment, none in code), so this is still UTF-8: checked, not copied again.
+    String::from_utf8(mask).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// A statement's code read once: its [`code_text`] and that in ASCII lowercase. The
+/// MySQL front end asks several questions of each statement (a transaction? sticky
+/// state? `USE`, `SET`, a counter?); each free function here would lex the text again.
+#[derive(Debug, Clone)]
+pub struct Code {
+    code: String,
+    lower: String,
+}
+
+impl Code {
+    pub fn of(sql: &str) -> Code {
+        let code = code_text(sql);
+        let lower = code.to_ascii_lowercase();
+        Code { code, lower }
+    }
+
+    /// [`code_text`]: byte for byte the statement, quotes and comments blanked.
+    pub fn text(&self) -> &str {
+        &self.code
+    }
+
+    /// [`Code::text`] in ASCII lowercase (same length, same places).
+    pub fn lower(&self) -> &str {
+        &self.lower
+    }
+
+    /// [`controls_session`] of this statement.
+    pub fn controls_session(&self) -> bool {
+        controls_session_in(&self.code)
+    }
+
+    /// [`touches_session_state`] of this statement.
+    pub fn touches_session_state(&self) -> bool {
+        touches_session_state_in(&self.lower)
+    }
 }
 
 /// What a stretch of SQL text is, as the server's lexer sees it (default sql_mode).
@@ -312,7 +354,11 @@ pub fn defines_program(code: &str) -> bool {
 /// open HANDLERs, or a procedure that may do any of these. Errs on the side of
 /// a reset: reading a variable counts too.
 pub fn touches_session_state(sql: &str) -> bool {
-    let code = code_text(sql).to_ascii_lowercase();
+    touches_session_state_in(&code_text(sql).to_ascii_lowercase())
+}
+
+/// [`touches_session_state`] of a statement's [`code_text`] in ASCII lowercase.
+fn touches_session_state_in(code: &str) -> bool {
     let c = code.as_bytes();
     // `@name`, not `@@system_variable`.
     let user_variable =

@@ -138,7 +138,15 @@ pub fn apply_statement(assignments: &[Assignment]) -> Option<String> {
 /// Reads a `SET` statement (`sql` holds one statement, comments allowed): whether every
 /// assignment is of a tracked variable to a literal. `None`: not a `SET` at all.
 pub fn parse_set(sql: &str) -> Option<Set> {
-    let code = crate::code_text(sql);
+    parse_set_code(sql, &crate::code_text(sql))
+}
+
+/// [`parse_set`] with the statement's code already read (`code`: `Code::of(sql)`).
+pub fn parse_set_in(sql: &str, code: &crate::Code) -> Option<Set> {
+    parse_set_code(sql, code.text())
+}
+
+fn parse_set_code(sql: &str, code: &str) -> Option<Set> {
     let (c, b) = (code.as_bytes(), sql.as_bytes());
     // The statement's end: trailing blanks and `;` that are code (a blank in `code` may be
     // a quoted literal, which stays).

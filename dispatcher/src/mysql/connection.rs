@@ -19,7 +19,7 @@ use osprey_protocol::{
     Columns, End, ErrorBody, ErrorCode, Frame, Kind, Origin, Request, ResultEnd, Rows, SessionOpened,
     TransactionOutcome, Value,
 };
-use osprey_sql::vars::{parse_set, Set};
+use osprey_sql::vars::{parse_set_in, Set};
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, info, warn, Instrument};
@@ -615,15 +615,11 @@ impl Conn {
         }
     }
 
+    /// A `COM_QUERY`: the text protocol.
     async fn query(&mut self, sql: &str, w: &mut Writer) -> Result<(), Ended> {
-        self.statement(sql, None, w).await
-    }
-
-    /// One statement: from `COM_QUERY` (`params` None: the text protocol) or a prepared
-    /// statement's `COM_STMT_EXECUTE` (the binary protocol).
-    async fn statement(&mut self, sql: &str, params: Option<Vec<Value>>, w: &mut Writer) -> Result<(), Ended> {
-        let text = params.is_none();
-        if text && state::several_statements(sql) {
+        // Read once: every question below is asked of the same code.
+        let code = osprey_sql::Code::of(sql);
+        if state::several_statements_in(&code) {
             if !self.multi_statements {
                 // As a server whose client did not turn multi-statements on.
                 w.packet(&reply::err(
@@ -636,21 +632,33 @@ impl Conn {
             }
             return self.several(sql, w).await;
         }
-        if let (true, Some(db)) = (text, state::use_schema(sql)) {
+        if let Some(db) = state::use_schema_in(sql, &code) {
             return self.use_schema(db, w).await;
         }
-        if self.session.is_none() && state::is_plain_end(sql) {
+        if let Some(Set::Tracked(assignments)) = parse_set_in(sql, &code) {
+            return self.set(sql, &assignments, w).await;
+        }
+        self.statement(sql, None, state::Facts::of(&code), w).await
+    }
+
+    /// One statement: from `COM_QUERY` (`params` None: the text protocol) or a prepared
+    /// statement's `COM_STMT_EXECUTE` (the binary protocol), with what its text says.
+    async fn statement(
+        &mut self,
+        sql: &str,
+        params: Option<Vec<Value>>,
+        facts: state::Facts,
+        w: &mut Writer,
+    ) -> Result<(), Ended> {
+        if self.session.is_none() && facts.plain_end {
             // Nothing is open: the server would answer OK.
             w.packet(&reply::ok(0, 0, 0, self.status(), 0));
             return Ok(());
         }
-        if let (None, Some(c)) = (self.session, state::counter_query(sql)) {
-            return self.counter(c, !text, w).await;
+        if let (None, Some(c)) = (self.session, facts.counter) {
+            return self.counter(c, params.is_some(), w).await;
         }
-        if let (true, Some(Set::Tracked(assignments))) = (text, parse_set(sql)) {
-            return self.set(sql, &assignments, w).await;
-        }
-        if let Err(e) = self.place(sql).await {
+        if let Err(e) = self.pin(facts.sticky, facts.controls_session).await {
             return self.error(w, &e);
         }
         let mut request = self.request(sql.to_string());
@@ -672,15 +680,16 @@ impl Conn {
         let mut pin = None;
         let mut transaction = false;
         for (i, part) in state::statements(sql).into_iter().enumerate() {
+            let code = osprey_sql::Code::of(part);
             // A ROW_COUNT() after a statement of the same query is the server's to answer;
             // first, it would read the worker's last statement, not the client's.
-            let tracked = state::use_schema(part).is_some()
-                || matches!(parse_set(part), Some(Set::Tracked(_)))
-                || (i == 0 && state::counter_query(part).is_some());
+            let tracked = state::use_schema_in(part, &code).is_some()
+                || matches!(parse_set_in(part, &code), Some(Set::Tracked(_)))
+                || (i == 0 && state::counter_query_in(&code).is_some());
             pin = pin
-                .or(state::sticky_reason(part))
+                .or(state::sticky_reason_in(&code))
                 .or(tracked.then_some("multi_statement"));
-            transaction |= osprey_sql::controls_session(part);
+            transaction |= code.controls_session();
         }
         if let Err(e) = self.pin(pin, transaction).await {
             return self.error(w, &e);
@@ -690,13 +699,6 @@ impl Conn {
         request.force_primary = true;
         let answer = self.execute(request, w, false).await?;
         self.finish(answer, w).await
-    }
-
-    /// Opens the session `sql` needs, if it needs one: a transaction (its control, or
-    /// autocommit off) or state that cannot be tracked (which then pins until reset).
-    async fn place(&mut self, sql: &str) -> Result<(), ErrorBody> {
-        self.pin(state::sticky_reason(sql), osprey_sql::controls_session(sql))
-            .await
     }
 
     /// Opens a session if there is none and the statement(s) need one (a transaction,
@@ -815,9 +817,13 @@ impl Conn {
         self.charge(0);
         match taken {
             Ok(execute) => {
-                let sql = self.stmts.get(execute.id).map(|p| p.sql.clone()).unwrap_or_default();
+                let Some((sql, facts)) = self.stmts.get(execute.id).map(|p| (p.sql.clone(), p.facts)) else {
+                    // `execute` found it a moment ago.
+                    w.packet(&prepared::StmtError::Unknown(execute.id).reply());
+                    return Ok(());
+                };
                 self.blob_params = execute.blob;
-                self.statement(&sql, Some(execute.values), w).await
+                self.statement(&sql, Some(execute.values), facts, w).await
             }
             Err(e) => {
                 w.packet(&e.reply());
