@@ -15,22 +15,42 @@ use crate::pool::SlotGroup;
 /// own frames cannot be) is refused here, before it could reach a worker link, whose
 /// codec would refuse to write it.
 pub fn decode(frame: &Frame, max_payload: usize) -> Result<Result<Request, Refusal>, ErrorBody> {
-    if frame.payload.len() > max_payload {
-        let msg = format!(
-            "the request is {} bytes, more than limits.max_payload ({max_payload})",
-            frame.payload.len()
-        );
-        return Ok(Err(Refusal::new("bad_request", ErrorCode::FrameTooLarge, msg)));
+    if let Err(refusal) = within(frame, max_payload) {
+        return Ok(Err(refusal));
     }
     let request = match Request::from_frame(frame) {
         Ok(r) => r,
         Err(e @ ProtocolError::BadUtf8) => return Ok(Err(Refusal::new("bad_request", e.code(), e.to_string()))),
         Err(e) => return Err(ErrorBody::undispatched(Origin::Dispatcher, e.code(), e.to_string())),
     };
-    if let Err(msg) = request.validate() {
-        return Ok(Err(Refusal::new("bad_request", ErrorCode::InvalidRequest, msg)));
+    Ok(consistent(request))
+}
+
+/// What [`decode`] checks of a request built in process, `frame` its encoding: the same
+/// refusals, without decoding the body back.
+pub fn check_built(frame: &Frame, request: &Request, max_payload: usize) -> Result<(), Refusal> {
+    within(frame, max_payload)?;
+    request
+        .validate()
+        .map_err(|msg| Refusal::new("bad_request", ErrorCode::InvalidRequest, msg))
+}
+
+fn within(frame: &Frame, max_payload: usize) -> Result<(), Refusal> {
+    if frame.payload.len() > max_payload {
+        let msg = format!(
+            "the request is {} bytes, more than limits.max_payload ({max_payload})",
+            frame.payload.len()
+        );
+        return Err(Refusal::new("bad_request", ErrorCode::FrameTooLarge, msg));
     }
-    Ok(Ok(request))
+    Ok(())
+}
+
+fn consistent(request: Request) -> Result<Request, Refusal> {
+    match request.validate() {
+        Ok(()) => Ok(request),
+        Err(msg) => Err(Refusal::new("bad_request", ErrorCode::InvalidRequest, msg)),
+    }
 }
 
 /// The write group of the cluster the request names (the first by default).

@@ -6,7 +6,8 @@
 //!        -> reserve (reserve.rs) -> throttle (throttle.rs) -> submit (submit.rs)
 //! ```
 //!
-//! A front end calls [`admit`] and nothing else. A refusal before the stream is open is
+//! A front end calls [`admit`] (or, with a request it built itself, [`admit_built`])
+//! and nothing else. A refusal before the stream is open is
 //! answered on its id (ERROR + END); from `reserve` on, the stream's guard answers it, so
 //! the closed loop holds whatever stage says no. Interception runs before routing (a
 //! blocked statement costs no routing decision and counts in no read-split figure).
@@ -23,7 +24,7 @@ pub mod throttle;
 use std::sync::Arc;
 use std::time::Duration;
 
-use osprey_protocol::{ErrorBody, Frame};
+use osprey_protocol::{ErrorBody, Frame, Request};
 use tracing::debug;
 
 pub use refusal::Refusal;
@@ -53,6 +54,47 @@ pub async fn admit(
         Ok(r) => r,
         Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
     };
+    admit_decoded(ctx, shared, sessions, frame, request, draining).await
+}
+
+/// [`admit`] for a request a front end built in process (the MySQL front end): the
+/// REQUEST frame is encoded here from `request`, so the body the stages check and the
+/// one a worker gets cannot differ, and it is not decoded back: the decode stage's size
+/// and consistency checks run on the request as built.
+pub async fn admit_built(
+    ctx: &Arc<Ctx>,
+    shared: &Arc<ClientShared>,
+    sessions: &session::Sessions,
+    stream: u32,
+    request: Request,
+    draining: bool,
+) -> Result<(), ErrorBody> {
+    if shared.is_open(stream) {
+        return Err(reserve::duplicate(stream));
+    }
+    let frame = request.to_frame(stream);
+    // What a decode would have given back (the encoders and decoders agree: their tests),
+    // compared as encoded (a NaN parameter is not equal to itself).
+    debug_assert_eq!(
+        Request::from_frame(&frame).ok().map(|r| r.to_frame(stream).payload),
+        Some(frame.payload.clone())
+    );
+    if let Err(refusal) = decode::check_built(&frame, &request, ctx.config.limits.max_payload) {
+        return refuse(ctx, shared, stream, refusal).await;
+    }
+    admit_decoded(ctx, shared, sessions, frame, request, draining).await
+}
+
+/// The stages after decoding.
+async fn admit_decoded(
+    ctx: &Arc<Ctx>,
+    shared: &Arc<ClientShared>,
+    sessions: &session::Sessions,
+    frame: Frame,
+    request: Request,
+    draining: bool,
+) -> Result<(), ErrorBody> {
+    let stream = frame.stream;
     if let Some(id) = request.session {
         return session::statement(ctx, shared, sessions, frame, request, id).await;
     }

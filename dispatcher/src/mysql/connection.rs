@@ -33,7 +33,7 @@ use osprey_mysql::state::{self, ClientState};
 use super::login::{self, Login};
 use super::packet::{PacketError, PacketReader, PacketWriter, MAX_PAYLOAD};
 use super::Front;
-use crate::admit::admit;
+use crate::admit::admit_built;
 use crate::admit::session::Sessions;
 use crate::client::tls::{ClientRead, ClientWrite};
 use crate::ctx::Ctx;
@@ -984,16 +984,16 @@ impl Conn {
     /// comes to `sink`.
     async fn run_stream(&mut self, request: Request, sink: &mut Option<Sink<'_>>) -> Result<Answer, Ended> {
         let stream = self.stream_id();
-        let frame = request.to_frame(stream);
         let draining = self.ctx.draining.is_cancelled();
-        if let Err(e) = admit(&self.ctx, &self.shared, &self.sessions, frame, draining).await {
+        let session = request.session;
+        if let Err(e) = admit_built(&self.ctx, &self.shared, &self.sessions, stream, request, draining).await {
             return Err(Ended::Internal(e.message));
         }
         let mut answer = Answer {
             end: End::default(),
             error: None,
             had_rows: false,
-            session: request.session,
+            session,
         };
         loop {
             let Some(q) = self.inbox.recv().await else {
@@ -1289,9 +1289,8 @@ impl Conn {
             cluster: self.cluster.clone(),
             ..Default::default()
         };
-        let frame = request.to_frame(stream);
         let draining = self.ctx.draining.is_cancelled();
-        admit(&self.ctx, &self.shared, &self.sessions, frame, draining).await?;
+        admit_built(&self.ctx, &self.shared, &self.sessions, stream, request, draining).await?;
         let mut error = None;
         loop {
             let Some(q) = self.inbox.recv().await else {
