@@ -1057,7 +1057,7 @@ impl Conn {
                 }
                 Kind::Error => answer.error = Some(frame.body().map_err(bad)?),
                 Kind::End => {
-                    answer.end = frame.body().map_err(bad)?;
+                    answer.end = End::from_frame(&frame).map_err(bad)?;
                     if answer.error.is_some() {
                         answer.had_rows = false;
                     }
