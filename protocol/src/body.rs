@@ -282,6 +282,12 @@ pub struct QuitNow {}
 #[serde(remote = "Self")]
 pub struct Started {}
 
+impl Started {
+    /// Its body as serde writes it (an empty map, `0x80`), not encoded again for every
+    /// request a worker starts.
+    pub const BODY: &'static [u8] = &[0x80];
+}
+
 /// `READY` (stream 0, worker to dispatcher): the worker's database session is open.
 /// Only a ready worker is given requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1955,3 +1955,10 @@ fn every_field() -> Request {
         read_your_writes: Some(true),
     }
 }
+
+#[test]
+fn started_body_is_what_serde_writes() {
+    let frame = Frame::new(Kind::Started, 9, &Started {});
+    assert_eq!(&frame.payload[..], Started::BODY);
+    assert_eq!(frame.body::<Started>().unwrap(), Started {});
+}

@@ -366,7 +366,11 @@ impl Executor {
             debug_assert_eq!(frame.stream, c.stream);
             // The dispatcher must know before the database has it: [`Executor::fill`]
             // flushes these before anything reaches the session's socket.
-            link.push(&Frame::new(Kind::Started, c.stream, &Started {}));
+            link.push(&Frame::with_payload(
+                Kind::Started,
+                c.stream,
+                bytes::Bytes::from_static(Started::BODY),
+            ));
             let sent = match &stmt {
                 None => self.conn.send_query(&c.sql),
                 Some(stmt) => {
