@@ -98,6 +98,10 @@ struct Args {
     /// Rows in sbtest1.
     #[arg(long, default_value_t = 100_000)]
     rows: u32,
+    /// Run HAProxy with `busy-polling` (its threads poll without sleeping: no wake-up
+    /// cost, a whole core each). Off by default, as in HAProxy.
+    #[arg(long)]
+    haproxy_busy_polling: bool,
     /// Osprey `Client`s (connections to the dispatcher) per run; 0 = one per 256 client tasks.
     #[arg(long, default_value_t = 0)]
     osprey_connections: usize,
@@ -292,7 +296,7 @@ async fn run(args: Args, wakeup: Option<wakeup::WakeupCost>) -> anyhow::Result<(
         _ => None,
     };
     let haproxy = match (&haproxy_bin, targets.contains(&Target::Haproxy)) {
-        (Some(bin), true) => Some(procs::Haproxy::start(bin, primary.port()).await?),
+        (Some(bin), true) => Some(procs::Haproxy::start(bin, primary.port(), args.haproxy_busy_polling).await?),
         _ => None,
     };
     let watched = Watched {

@@ -315,12 +315,13 @@ pub struct Haproxy {
 }
 
 impl Haproxy {
-    pub async fn start(binary: &Path, backend_port: u16) -> anyhow::Result<Self> {
+    pub async fn start(binary: &Path, backend_port: u16, busy_polling: bool) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("osprey-bench-haproxy-").tempdir()?;
         let addr = free_addr()?;
         let config = format!(
             r#"global
     maxconn 5000
+    {busy}
 
 defaults
     mode tcp
@@ -331,7 +332,8 @@ defaults
 listen mysql
     bind {addr}
     server db1 127.0.0.1:{backend_port}
-"#
+"#,
+            busy = if busy_polling { "busy-polling" } else { "" }
         );
         let cfg = dir.path().join("haproxy.cfg");
         std::fs::write(&cfg, config)?;
