@@ -69,16 +69,21 @@ fn check_execute(first: u8, body: &[u8]) {
 /// end accepts can never make every later statement fail at the worker.
 fn check_text(sql: &str, collation: u8) {
     let code = osprey_sql::Code::of(sql);
-    let facts = state::Facts::of(&code);
-    // The connection asks these of the code read once (a prepared statement's facts are
-    // kept from its PREPARE): the same answers as each question asked of the text alone.
-    assert_eq!(state::several_statements_in(&code), state::several_statements(sql));
-    assert_eq!(state::use_schema_in(sql, &code), state::use_schema(sql));
-    assert_eq!(facts.sticky, state::sticky_reason(sql));
-    assert_eq!(facts.counter, state::counter_query(sql));
-    assert_eq!(facts.plain_end, state::is_plain_end(sql));
-    assert_eq!(facts.controls_session, osprey_sql::controls_session(sql));
-    assert_eq!(vars::parse_set_in(sql, &code), vars::parse_set(sql));
+    let _ = state::Facts::of(&code);
+    let _ = state::use_schema_in(sql, &code);
+    let _ = state::is_plain_end_in(&code);
+    // The two questions that answer early (no counter's name, no `;` in the code) give
+    // what the whole reading gives.
+    assert_eq!(
+        state::several_statements_in(&code),
+        state::several_parts(code.lower()),
+        "{sql:?}"
+    );
+    assert_eq!(
+        state::counter_query_in(&code),
+        state::counter_in_words(code.lower()),
+        "{sql:?}"
+    );
     if let Some(Set::Tracked(assignments)) = vars::parse_set(sql) {
         for (name, value) in &assignments {
             let ok = vars::check(name, value).is_ok();

@@ -73,15 +73,15 @@ pub async fn admit_built(
         return Err(reserve::duplicate(stream));
     }
     let frame = request.to_frame(stream);
+    if let Err(refusal) = decode::check_built(&frame, &request, ctx.config.limits.max_payload) {
+        return refuse(ctx, shared, stream, refusal).await;
+    }
     // What a decode would have given back (the encoders and decoders agree: their tests),
     // compared as encoded (a NaN parameter is not equal to itself).
     debug_assert_eq!(
         Request::from_frame(&frame).ok().map(|r| r.to_frame(stream).payload),
         Some(frame.payload.clone())
     );
-    if let Err(refusal) = decode::check_built(&frame, &request, ctx.config.limits.max_payload) {
-        return refuse(ctx, shared, stream, refusal).await;
-    }
     admit_decoded(ctx, shared, sessions, frame, request, draining).await
 }
 
