@@ -208,10 +208,15 @@ impl Executor {
             .validate()
             .map_err(|why| refuse(ErrorCode::InvalidRequest, why))?;
         // One statement, or each of a batch: its text's facts (kept per text).
-        let texts: Vec<std::rc::Rc<facts::Facts>> = if request.batch.is_empty() {
-            vec![self.known.of(&request.sql)]
+        // (A single statement's without a Vec of its own.)
+        let single: [std::rc::Rc<facts::Facts>; 1];
+        let batch: Vec<std::rc::Rc<facts::Facts>>;
+        let texts: &[std::rc::Rc<facts::Facts>] = if request.batch.is_empty() {
+            single = [self.known.of(&request.sql)];
+            &single
         } else {
-            request.batch.iter().map(|st| self.known.of(&st.sql)).collect()
+            batch = request.batch.iter().map(|st| self.known.of(&st.sql)).collect();
+            &batch
         };
         let controls_session = texts.iter().any(|f| f.controls_session);
         // In a session the worker is pinned to one client until the dispatcher's RESET:
@@ -246,13 +251,14 @@ impl Executor {
         let server_timeout =
             (request.timeout_ms > 0 && self.mariadb && request.batch.is_empty() && texts[0].plain_select)
                 .then_some(request.timeout_ms);
-        let sql = match server_timeout {
+        let sql: std::sync::Arc<str> = match server_timeout {
             Some(ms) => format!(
                 "SET STATEMENT max_statement_time={:.3} FOR {}",
                 ms as f64 / 1000.0,
                 request.sql
-            ),
-            None => request.sql.clone(),
+            )
+            .into(),
+            None => request.sql.as_str().into(),
         };
         let checked = if request.batch.is_empty() {
             // As sent: with the server-side timeout's prefix, if any (not kept: each
@@ -271,7 +277,7 @@ impl Executor {
             request
                 .batch
                 .iter()
-                .zip(&texts)
+                .zip(texts)
                 .enumerate()
                 .try_for_each(|(i, (st, facts))| {
                     preflight(facts, &st.sql, &st.params, self.max_packet)
@@ -291,7 +297,7 @@ impl Executor {
         Ok(Checked {
             stream,
             request,
-            sql: sql.into(),
+            sql,
             server_timeout,
             leaves_state,
             out_of_sight,
