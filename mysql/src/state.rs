@@ -13,7 +13,12 @@ pub fn sticky_reason(sql: &str) -> Option<&'static str> {
 
 /// [`sticky_reason`] of a statement's [`Code`].
 pub fn sticky_reason_in(code: &Code) -> Option<&'static str> {
-    let statement = code;
+    sticky_given(code, || counter_query_in(code))
+}
+
+/// [`sticky_reason_in`], the statement's counter asked of `counter` only when the text
+/// names `last_insert_id` ([`Facts::of`] has it already).
+fn sticky_given(statement: &Code, counter: impl FnOnce() -> Option<Counter>) -> Option<&'static str> {
     let code = statement.lower();
     let has = |w: &str| code.contains(w);
     let c = code.as_bytes();
@@ -27,7 +32,7 @@ pub fn sticky_reason_in(code: &Code) -> Option<&'static str> {
         Some("lock")
     } else if has("sql_calc_found_rows") || has("found_rows") {
         Some("found_rows")
-    } else if has("last_insert_id") && counter_query_in(statement).is_none() {
+    } else if has("last_insert_id") && counter().is_none() {
         Some("last_insert_id")
     } else if statement.touches_session_state() && !only_transaction_control(code) {
         let first = code.split_whitespace().next().unwrap_or("");
@@ -60,10 +65,11 @@ pub struct Facts {
 
 impl Facts {
     pub fn of(code: &Code) -> Facts {
+        let counter = counter_query_in(code);
         Facts {
             plain_end: is_plain_end_in(code),
-            counter: counter_query_in(code),
-            sticky: sticky_reason_in(code),
+            counter,
+            sticky: sticky_given(code, || counter),
             controls_session: code.controls_session(),
         }
     }
@@ -321,6 +327,10 @@ mod tests {
         assert!(!facts("ROLLBACK TO SAVEPOINT a").plain_end);
         assert_eq!(facts("SELECT ROW_COUNT()").counter, Some(Counter::RowCount));
         assert_eq!(facts("select last_insert_id() ;").counter, Some(Counter::LastInsertId));
+        // The counter asked once: the sticky reason takes the same answer.
+        assert_eq!(facts("select last_insert_id() ;").sticky, None);
+        let used = facts("SELECT LAST_INSERT_ID() + 1");
+        assert_eq!((used.counter, used.sticky), (None, Some("last_insert_id")));
         assert_eq!(facts("SELECT @a := 1").sticky, Some("user_variable"));
         assert!(facts("START TRANSACTION READ ONLY").controls_session);
         assert!(facts("SET autocommit = 0").controls_session);

@@ -30,9 +30,7 @@ pub fn decode(frame: &Frame, max_payload: usize) -> Result<Result<Request, Refus
 /// refusals, without decoding the body back.
 pub fn check_built(frame: &Frame, request: &Request, max_payload: usize) -> Result<(), Refusal> {
     within(frame, max_payload)?;
-    request
-        .validate()
-        .map_err(|msg| Refusal::new("bad_request", ErrorCode::InvalidRequest, msg))
+    valid(request)
 }
 
 fn within(frame: &Frame, max_payload: usize) -> Result<(), Refusal> {
@@ -47,10 +45,15 @@ fn within(frame: &Frame, max_payload: usize) -> Result<(), Refusal> {
 }
 
 fn consistent(request: Request) -> Result<Request, Refusal> {
-    match request.validate() {
-        Ok(()) => Ok(request),
-        Err(msg) => Err(Refusal::new("bad_request", ErrorCode::InvalidRequest, msg)),
-    }
+    valid(&request)?;
+    Ok(request)
+}
+
+/// A request that contradicts itself fails its stream alone.
+fn valid(request: &Request) -> Result<(), Refusal> {
+    request
+        .validate()
+        .map_err(|msg| Refusal::new("bad_request", ErrorCode::InvalidRequest, msg))
 }
 
 /// The write group of the cluster the request names (the first by default).

@@ -45,11 +45,7 @@ pub async fn admit(
     draining: bool,
 ) -> Result<(), ErrorBody> {
     let stream = frame.stream;
-    // Before anything is answered on this id: an answer to a duplicate would land on the
-    // stream that is still open.
-    if shared.is_open(stream) {
-        return Err(reserve::duplicate(stream));
-    }
+    not_open(shared, stream)?;
     let request = match decode::decode(&frame, ctx.config.limits.max_payload)? {
         Ok(r) => r,
         Err(refusal) => return refuse(ctx, shared, stream, refusal).await,
@@ -69,9 +65,7 @@ pub async fn admit_built(
     request: Request,
     draining: bool,
 ) -> Result<(), ErrorBody> {
-    if shared.is_open(stream) {
-        return Err(reserve::duplicate(stream));
-    }
+    not_open(shared, stream)?;
     let frame = request.to_frame(stream);
     if let Err(refusal) = decode::check_built(&frame, &request, ctx.config.limits.max_payload) {
         return refuse(ctx, shared, stream, refusal).await;
@@ -83,6 +77,15 @@ pub async fn admit_built(
         Some(frame.payload.clone())
     );
     admit_decoded(ctx, shared, sessions, frame, request, draining).await
+}
+
+/// Checked before anything is answered on `stream`: an answer to a duplicate would land
+/// on the stream that is still open, so a duplicate id closes the connection.
+fn not_open(shared: &ClientShared, stream: u32) -> Result<(), ErrorBody> {
+    if shared.is_open(stream) {
+        return Err(reserve::duplicate(stream));
+    }
+    Ok(())
 }
 
 /// The stages after decoding.
