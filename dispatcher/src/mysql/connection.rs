@@ -1095,7 +1095,13 @@ impl Conn {
                 };
                 return self.lost(w, outcome).await;
             }
-            self.in_transaction = in_session && answer.end.in_transaction;
+            // A statement refused before it ran (blocked, throttled, a full queue: not
+            // dispatched) changed nothing on the session, whatever its END says: believing
+            // "no transaction" would end the session and roll back the client's open
+            // transaction, and its next statements would autocommit.
+            if e.dispatched || sent_in.is_none() {
+                self.in_transaction = in_session && answer.end.in_transaction;
+            }
             self.error(w, e)?;
         } else {
             self.in_transaction = in_session && answer.end.in_transaction;

@@ -63,6 +63,39 @@ async fn transactions_pin_a_worker_and_give_it_back() {
 
 /// Tracked variables follow the client from worker to worker without pinning it, and do
 /// not leak to another client on the same workers.
+/// A statement refused before it runs (here a blocked digest) inside a transaction leaves
+/// the transaction as it was: the client stays on its session, so its ROLLBACK undoes
+/// every write of the transaction, not just the ones before the refusal (a refused
+/// statement's END says no transaction is open, and the front end once believed it,
+/// ended the session — rolling the transaction back — and ran the rest in autocommit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_statement_inside_a_transaction_keeps_the_transaction() {
+    let rig = Rig::start("").await;
+    let d = &rig.cluster.dispatcher;
+    let (code, body) = d
+        .admin_post("/digests/block", serde_json::json!({ "sql": "SELECT 42 + 1" }))
+        .await
+        .unwrap();
+    assert!((200..300).contains(&code), "{code} {body}");
+    let mut a = rig.conn().await;
+    a.query_drop("DROP TABLE IF EXISTS tx_refused").await.unwrap();
+    a.query_drop("CREATE TABLE tx_refused (id INT PRIMARY KEY) ENGINE=InnoDB")
+        .await
+        .unwrap();
+    a.query_drop("BEGIN").await.unwrap();
+    a.query_drop("INSERT INTO tx_refused VALUES (1)").await.unwrap();
+    let refused = a.query_drop("SELECT 7 + 8").await.expect_err("blocked by hand");
+    assert!(refused.to_string().contains("block"), "{refused}");
+    let s = d.admin_get("/sessions").await.unwrap();
+    assert_eq!(s.as_array().map(Vec::len), Some(1), "still pinned: {s}");
+    assert_eq!(s[0]["in_transaction"], true, "{s}");
+    a.query_drop("INSERT INTO tx_refused VALUES (2)").await.unwrap();
+    a.query_drop("ROLLBACK").await.unwrap();
+    let mut direct = rig.direct().await;
+    let left: Option<i64> = direct.query_first("SELECT COUNT(*) FROM tx_refused").await.unwrap();
+    assert_eq!(left, Some(0), "the ROLLBACK undid both inserts");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_variables_follow_the_client_without_pinning() {
     let rig = Rig::start("[pool]\nsize = 3\n").await;
