@@ -185,7 +185,10 @@ pub fn parse_change_user(p: &[u8], caps: u32) -> Result<ChangeUser, BadResponse>
     }
     .to_vec();
     let schema = c.cstr().map(text).filter(|s| !s.is_empty());
-    let collation = c.u16().map(|cs| cs as u8);
+    // Two bytes here, one in the handshake: an id past 255 (MySQL 8's utf8mb4_*_0900_*,
+    // 255 and up) is one this front end does not name, as an unknown one-byte id is,
+    // not the one-byte id its low byte happens to be (264 is not latin1's 8).
+    let collation = c.u16().map(|cs| u8::try_from(cs).unwrap_or(0));
     let plugin = if caps & CLIENT_PLUGIN_AUTH != 0 {
         c.cstr().map(text)
     } else {
@@ -220,6 +223,23 @@ mod tests {
             let _ = parse_response(&p);
         }
         assert!(matches!(parse_response(&[0; 3]), Err(BadResponse::Malformed(_))));
+    }
+
+    #[test]
+    fn a_change_users_two_byte_collation_is_not_cut_to_its_low_byte() {
+        let body = |cs: u16| {
+            let mut p = b"app\0".to_vec();
+            p.push(0); // no auth data
+            p.extend_from_slice(b"db\0");
+            p.extend_from_slice(&cs.to_le_bytes());
+            p.extend_from_slice(b"mysql_native_password\0");
+            p
+        };
+        let caps = CLIENT_SECURE_CONNECTION | CLIENT_PLUGIN_AUTH;
+        // 264 is utf8mb4_sv_0900_ai_ci; its low byte, 8, is latin1.
+        assert_eq!(parse_change_user(&body(264), caps).unwrap().collation, Some(0));
+        assert_eq!(parse_change_user(&body(8), caps).unwrap().collation, Some(8));
+        assert_eq!(parse_change_user(&body(224), caps).unwrap().collation, Some(224));
     }
 
     #[test]
